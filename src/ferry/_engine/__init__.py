@@ -1,0 +1,1 @@
+"""Private: how batches are made and moved (fetch, engines, transport)."""
