@@ -261,7 +261,7 @@ class BatchSampler(Sampler[list[Any]]):
         count = len(self.sampler)  # type: ignore[arg-type]
         if self.drop_last:
             return count // self.batch_size
-        return -(-count // self.batch_size)
+        return (count + self.batch_size - 1) // self.batch_size
 
 
 # The samplers above whose ``__iter__`` is exactly "the concatenation of ``_index_chunks``".
@@ -280,7 +280,7 @@ def index_chunks(sampler: object) -> Iterator[torch.Tensor] | None:
     until the first chunk is asked for.
     """
     for cls, iter_fn in _CHUNKED_ITER.items():
-        if isinstance(sampler, cls) and type(sampler).__iter__ is iter_fn:
+        if isinstance(sampler, cls) and getattr(type(sampler), "__iter__", None) is iter_fn:
             return sampler._index_chunks()  # type: ignore[attr-defined, no-any-return]
     return None
 
@@ -292,9 +292,9 @@ def index_batches(batch_sampler: object) -> Iterator[torch.Tensor] | None:
     creating a Python ``int`` per key. None when the batch sampler, or the sampler it wraps, is
     not one whose sequence is known to come from tensor chunks.
     """
-    if not isinstance(batch_sampler, BatchSampler) or (
-        type(batch_sampler).__iter__ is not BatchSampler.__iter__
-    ):
+    if not isinstance(batch_sampler, BatchSampler):
+        return None
+    if type(batch_sampler).__iter__ is not BatchSampler.__iter__:
         return None
     chunks = index_chunks(batch_sampler.sampler)
     if chunks is None:

@@ -45,20 +45,23 @@ class WorkerInfo:
         )
 
 
-_process_info: WorkerInfo | None = None
+class _ProcessSlot:
+    info: WorkerInfo | None = None
+
+
+_process = _ProcessSlot()
 _thread_info = threading.local()
 
 
 def get_worker_info() -> WorkerInfo | None:
     """The :class:`WorkerInfo` of the worker running the caller, or None in the main process."""
     info: WorkerInfo | None = getattr(_thread_info, "value", None)
-    return info if info is not None else _process_info
+    return info if info is not None else _process.info
 
 
 def set_process_worker_info(info: WorkerInfo | None) -> None:
     """Called once by a process worker before any user code runs."""
-    global _process_info
-    _process_info = info
+    _process.info = info
 
 
 def set_thread_worker_info(info: WorkerInfo | None) -> None:

@@ -1,0 +1,100 @@
+"""The one fetch path: a key from the epoch plan in, a collated batch out.
+
+Every engine (inline, thread workers, process workers) calls the same fetcher; they differ only
+in where it runs and how the batch travels back. A *key* is what the plan hands out for one
+batch:
+
+* map-style, automatic batching: a list of dataset keys, or an ``int64`` tensor of indices when
+  the dataset can gather a batch from a tensor in one call (:func:`ferry.datasets.tensor_gather`);
+* map-style, batching off: one dataset key;
+* iterable-style: how many samples to take from the stream (None when batching is off).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from ferry.collate import RowBatch, default_collate
+from ferry.datasets import tensor_gather
+
+__all__ = ["IterableFetcher", "MapFetcher", "make_fetcher"]
+
+
+class MapFetcher:
+    """Fetches batches of a map-style dataset by key."""
+
+    def __init__(self, dataset: Any, auto_collation: bool, collate_fn: Callable[..., Any]) -> None:
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self._default = collate_fn is default_collate
+        gather = tensor_gather(dataset) if auto_collation and self._default else None
+        self.gather: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None = gather
+
+    def fetch(self, key: Any) -> Any:
+        if not self.auto_collation:
+            return self.collate_fn(self.dataset[key])
+        if isinstance(key, torch.Tensor) and self.gather is not None:
+            # Already the collated batch: the columns of the rows at these indices.
+            return list(self.gather(key))
+        getitems = getattr(self.dataset, "__getitems__", None)
+        samples = getitems(key) if getitems else [self.dataset[i] for i in key]
+        if type(samples) is RowBatch and not self._default:
+            samples = list(samples)  # a user's collate_fn gets the plain list torch would give
+        return self.collate_fn(samples)
+
+
+class IterableFetcher:
+    """Takes batches from the stream of an iterable-style dataset.
+
+    The stream is opened on the first fetch. A short last batch is dropped when ``drop_last``;
+    once the stream has ended every later fetch raises StopIteration without touching it.
+    """
+
+    def __init__(
+        self, dataset: Any, auto_collation: bool, collate_fn: Callable[..., Any], drop_last: bool
+    ) -> None:
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+        self._stream: Iterator[Any] | None = None
+        self._ended = False
+
+    def fetch(self, count: int | None) -> Any:
+        if self._ended:
+            raise StopIteration
+        if self._stream is None:
+            self._stream = iter(self.dataset)
+        if not self.auto_collation:
+            try:
+                return self.collate_fn(next(self._stream))
+            except StopIteration:
+                self._ended = True
+                raise
+        assert count is not None
+        samples = []
+        for _ in range(count):
+            try:
+                samples.append(next(self._stream))
+            except StopIteration:
+                self._ended = True
+                break
+        if not samples or (self.drop_last and len(samples) < count):
+            raise StopIteration
+        return self.collate_fn(samples)
+
+
+def make_fetcher(
+    dataset: Any,
+    iterable: bool,
+    auto_collation: bool,
+    collate_fn: Callable[..., Any],
+    drop_last: bool,
+) -> MapFetcher | IterableFetcher:
+    if iterable:
+        return IterableFetcher(dataset, auto_collation, collate_fn, drop_last)
+    return MapFetcher(dataset, auto_collation, collate_fn)

@@ -1,0 +1,272 @@
+"""Turning a list of samples into a batch: :func:`collate`, :func:`default_collate`,
+:func:`default_convert` and the extensible :data:`default_collate_fn_map`.
+
+The output is the one torch gives for the same input (types, dtypes, shapes, values,
+containers). Two things differ underneath:
+
+* batch tensors are allocated through the loader's allocator (reused host buffers in the main
+  process, shared memory in process workers), so each sample is written once into memory that
+  is already mapped, and nothing is copied again on its way to the training loop;
+* a :class:`RowBatch` (what the built-in tensor datasets' ``__getitems__`` returns) is already a
+  batch in columns: :func:`default_collate` hands the columns back without splitting them into
+  rows and stacking them again.
+
+Example::
+
+    >>> default_collate([{"x": 1.0, "y": "a"}, {"x": 2.0, "y": "b"}])
+    {'x': tensor([1., 2.], dtype=torch.float64), 'y': ['a', 'b']}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, overload
+
+import torch
+
+from ferry._engine.alloc import active_allocator, batch_empty
+from ferry._structure import is_namedtuple, map_structure, rebuild_mapping, rebuild_sequence
+
+try:
+    import numpy as np
+except ImportError:  # numpy is optional
+    np = None  # type: ignore[assignment]
+
+__all__ = [
+    "CollateFn",
+    "CollateFnMap",
+    "RowBatch",
+    "collate",
+    "collate_float_fn",
+    "collate_int_fn",
+    "collate_numpy_array_fn",
+    "collate_numpy_scalar_fn",
+    "collate_str_fn",
+    "collate_tensor_fn",
+    "default_collate",
+    "default_collate_fn_map",
+    "default_convert",
+]
+
+CollateFn = Callable[..., Any]
+"""A per-type collate function: ``fn(batch, *, collate_fn_map) -> batched``."""
+CollateFnMap = dict[type | tuple[type, ...], CollateFn]
+
+# dtype kinds numpy uses for bytes, unicode and Python objects: such arrays are not numbers.
+_NON_NUMERIC_KINDS = frozenset("SaUO")
+
+_SPARSE_LAYOUTS = frozenset(
+    {torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc}
+)
+
+
+class RowBatch(Sequence[tuple[torch.Tensor, ...]]):
+    """A batch of rows held as columns: row ``i`` is ``tuple(c[i] for c in columns)``.
+
+    Reads like a list of row tuples; :func:`default_collate` returns ``list(columns)`` directly,
+    which is what stacking the rows would give.
+    """
+
+    __slots__ = ("columns",)
+
+    def __init__(self, columns: tuple[torch.Tensor, ...]) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return self.columns[0].shape[0] if self.columns else 0
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[torch.Tensor, ...]]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"RowBatch index {index} out of range for {len(self)} rows")
+        return tuple(c[index] for c in self.columns)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        return zip(*(c.unbind(0) for c in self.columns), strict=True)
+
+    def __repr__(self) -> str:
+        return f"RowBatch(rows={len(self)}, columns={len(self.columns)})"
+
+
+def _unsupported(elem_type: type, where: str) -> TypeError:
+    return TypeError(
+        f"{where}: cannot batch samples of type {elem_type.__module__}.{elem_type.__qualname__}; "
+        "supported are tensors, numpy arrays and scalars, numbers, str and bytes, and mappings "
+        "or sequences of those. Register a function for this type in collate_fn_map, or pass "
+        "DataLoader(collate_fn=...)"
+    )
+
+
+def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    """Batch a list of samples, structure first, leaves through ``collate_fn_map``.
+
+    A leaf's function is found by its exact type, else by the first key (in insertion order) it
+    is an instance of. Containers are walked: mappings by key (same mapping type when it can be
+    rebuilt), namedtuples by field, other sequences by position (samples of unequal length are
+    an error; tuples become lists).
+
+    Example::
+
+        >>> collate([(1, "a"), (2, "b")], collate_fn_map=default_collate_fn_map)
+        [tensor([1, 2]), ['a', 'b']]
+    """
+    elem = batch[0]
+    elem_type = type(elem)
+    if collate_fn_map is not None:
+        fn = collate_fn_map.get(elem_type)
+        if fn is not None:
+            return fn(batch, collate_fn_map=collate_fn_map)
+        for key, fn in collate_fn_map.items():
+            if isinstance(elem, key):
+                return fn(batch, collate_fn_map=collate_fn_map)
+    if isinstance(elem, Mapping):
+        return rebuild_mapping(
+            elem, {k: collate([d[k] for d in batch], collate_fn_map=collate_fn_map) for k in elem}
+        )
+    if is_namedtuple(elem):
+        return elem_type(
+            *(collate(s, collate_fn_map=collate_fn_map) for s in zip(*batch, strict=True))
+        )
+    if isinstance(elem, Sequence):
+        size = len(elem)
+        for position, sample in enumerate(batch):
+            if len(sample) != size:
+                raise RuntimeError(
+                    f"collate: every sample in a batch must have the same length; sample 0 has "
+                    f"{size} elements, sample {position} has {len(sample)}"
+                )
+        # Each position goes on as a tuple, as in torch (a position of strings stays a tuple).
+        columns = [collate(s, collate_fn_map=collate_fn_map) for s in zip(*batch, strict=True)]
+        if isinstance(elem, tuple):
+            return columns
+        return rebuild_sequence(elem, columns)
+    raise _unsupported(elem_type, "collate")
+
+
+def collate_tensor_fn(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
+    """Stack same-shaped tensors along a new first dimension, into the loader's batch memory."""
+    elem = batch[0]
+    if elem.is_nested:
+        raise RuntimeError(
+            "collate: nested tensors cannot be stacked into a batch; pass a collate_fn that "
+            "builds the batch you need"
+        )
+    if elem.layout in _SPARSE_LAYOUTS:
+        raise RuntimeError(
+            f"collate: sparse tensors ({elem.layout}) cannot be stacked into a batch; pass a "
+            "collate_fn that builds the batch you need"
+        )
+    if active_allocator() is None or not _stackable_into_buffer(batch):
+        return torch.stack(list(batch), 0)
+    out = batch_empty((len(batch), *elem.shape), elem.dtype)
+    return torch.stack(list(batch), 0, out=out)
+
+
+def _stackable_into_buffer(batch: Sequence[torch.Tensor]) -> bool:
+    """Whether ``stack(out=buffer)`` gives what plain ``stack`` gives: plain CPU tensors of one
+    dtype, none needing autograd (``out=`` does not record gradients) nor a subclass hook."""
+    dtype = batch[0].dtype
+    grad = torch.is_grad_enabled()
+    for t in batch:
+        if type(t) is not torch.Tensor or t.dtype != dtype or t.device.type != "cpu":
+            return False
+        if grad and t.requires_grad:
+            return False
+    return True
+
+
+def collate_numpy_array_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None) -> Any:
+    """Numeric numpy arrays become one tensor (arrays of str or objects are an error)."""
+    elem = batch[0]
+    if elem.dtype.kind in _NON_NUMERIC_KINDS:
+        raise TypeError(
+            f"collate: numpy arrays of dtype {elem.dtype} hold no numbers and cannot be made a "
+            "tensor; convert them in the dataset or pass a collate_fn"
+        )
+    return collate([torch.as_tensor(b) for b in batch], collate_fn_map=collate_fn_map)
+
+
+def collate_numpy_scalar_fn(batch: Sequence[Any], *, collate_fn_map: Any = None) -> torch.Tensor:
+    """numpy scalars become a 1-D tensor of their dtype."""
+    return torch.as_tensor(batch)
+
+
+def collate_float_fn(batch: Sequence[float], *, collate_fn_map: Any = None) -> torch.Tensor:
+    """Python floats become a float64 tensor."""
+    return torch.tensor(batch, dtype=torch.float64)
+
+
+def collate_int_fn(batch: Sequence[int], *, collate_fn_map: Any = None) -> torch.Tensor:
+    """Python ints (and bools) become an int64 (bool) tensor."""
+    return torch.tensor(batch)
+
+
+def collate_str_fn(batch: Sequence[str | bytes], *, collate_fn_map: Any = None) -> Any:
+    """Strings and bytes stay a list."""
+    return batch
+
+
+default_collate_fn_map: CollateFnMap = {torch.Tensor: collate_tensor_fn}
+"""The per-type functions :func:`default_collate` uses; add entries to extend it."""
+if np is not None:
+    default_collate_fn_map[np.ndarray] = collate_numpy_array_fn
+    default_collate_fn_map[(np.bool_, np.number, np.object_)] = collate_numpy_scalar_fn
+default_collate_fn_map[float] = collate_float_fn
+default_collate_fn_map[int] = collate_int_fn
+default_collate_fn_map[str] = collate_str_fn
+default_collate_fn_map[bytes] = collate_str_fn
+
+
+def default_collate(batch: Sequence[Any]) -> Any:
+    """Batch a list of samples: tensors, arrays and numbers gain a first batch dimension.
+
+    ========================  =============================================================
+    sample element            batch
+    ========================  =============================================================
+    ``torch.Tensor``          stacked tensor
+    numpy array / scalar      stacked tensor of the same dtype
+    ``float`` / ``int``       float64 / int64 tensor (``bool`` gives a bool tensor)
+    ``str`` / ``bytes``       list, unchanged
+    mapping                   same mapping type, each value batched
+    namedtuple                same namedtuple, each field batched
+    other sequence            list (or same type) of batched positions
+    ========================  =============================================================
+
+    Example::
+
+        >>> default_collate([(0, 1), (2, 3)])
+        [tensor([0, 2]), tensor([1, 3])]
+    """
+    if type(batch) is RowBatch and default_collate_fn_map.get(torch.Tensor) is collate_tensor_fn:
+        return list(batch.columns)
+    return collate(batch, collate_fn_map=default_collate_fn_map)
+
+
+def _convert_leaf(data: Any) -> Any:
+    elem_type = type(data)
+    if elem_type.__module__ == "numpy" and elem_type.__name__ not in ("str_", "string_"):
+        if elem_type.__name__ == "ndarray" and data.dtype.kind in _NON_NUMERIC_KINDS:
+            return data
+        return torch.as_tensor(data)
+    return data
+
+
+def default_convert(data: Any) -> Any:
+    """Turn numpy arrays and scalars in a sample into tensors; keep everything else.
+
+    Used instead of :func:`default_collate` when automatic batching is off
+    (``batch_size=None``). Containers are rebuilt as :func:`default_collate` does.
+
+    Example::
+
+        >>> default_convert({"a": np.array([1, 2]), "b": "text"})
+        {'a': tensor([1, 2]), 'b': 'text'}
+    """
+    if isinstance(data, torch.Tensor):
+        return data
+    return map_structure(data, _convert_leaf)

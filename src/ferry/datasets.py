@@ -1,0 +1,388 @@
+"""Datasets: map-style and iterable-style bases, the wrappers, and :func:`random_split`.
+
+The built-in map-style datasets implement ``__getitems__(indices)`` (one call for a whole
+batch); :class:`TensorDataset` and the wrappers around it also gather a batch from a tensor of
+indices in one indexing call per tensor (``_ferry_gather``), which the loader uses together with
+:func:`ferry.collate.default_collate` so rows are never split and re-stacked.
+
+Example::
+
+    >>> ds = TensorDataset(torch.arange(6).view(3, 2), torch.tensor([0, 1, 0]))
+    >>> ds[1]
+    (tensor([2, 3]), tensor(1))
+    >>> train, val = random_split(ds, [2, 1], generator=torch.Generator().manual_seed(0))
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Generic, TypeVar, overload
+
+import torch
+
+from ferry.collate import RowBatch
+
+__all__ = [
+    "ChainDataset",
+    "ConcatDataset",
+    "Dataset",
+    "IterableDataset",
+    "StackDataset",
+    "Subset",
+    "TensorDataset",
+    "is_iterable_style",
+    "random_split",
+    "tensor_gather",
+]
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Dataset(Generic[T_co]):
+    """Base of map-style datasets: keys (usually ``0..len-1``) map to samples.
+
+    Subclasses define ``__getitem__``, usually ``__len__``, and optionally
+    ``__getitems__(indices) -> list`` to fetch a whole batch in one call.
+    ``a + b`` concatenates two datasets.
+
+    Example::
+
+        >>> class Squares(Dataset[int]):
+        ...     def __len__(self):
+        ...         return 4
+        ...     def __getitem__(self, i):
+        ...         return i * i
+        >>> list(Squares() + Squares())[:5]
+        [0, 1, 4, 9, 0]
+    """
+
+    def __getitem__(self, index: Any) -> T_co:
+        raise NotImplementedError(f"{type(self).__name__} must define __getitem__")
+
+    def __add__(self, other: Dataset[T_co]) -> ConcatDataset[T_co]:
+        return ConcatDataset([self, other])
+
+
+class IterableDataset(Dataset[T_co], Iterable[T_co]):
+    """Base of iterable-style datasets: a stream of samples from ``__iter__``.
+
+    With several workers each worker iterates its own copy; use
+    :func:`ferry.get_worker_info` inside ``__iter__`` to give each a disjoint share.
+    ``a + b`` chains two streams.
+    """
+
+    def __iter__(self) -> Iterator[T_co]:
+        raise NotImplementedError(f"{type(self).__name__} must define __iter__")
+
+    def __add__(self, other: Dataset[T_co]) -> ChainDataset:  # type: ignore[override]
+        return ChainDataset([self, other])
+
+
+def is_iterable_style(dataset: object) -> bool:
+    """True for iterable-style datasets.
+
+    That is: instances of :class:`IterableDataset` or of torch's ``IterableDataset`` (found by
+    class name and module, so ferry never imports ``torch.utils.data``), and objects that have
+    ``__iter__`` but no ``__getitem__``.
+    """
+    if isinstance(dataset, IterableDataset):
+        return True
+    for cls in type(dataset).__mro__:
+        if cls.__name__ == "IterableDataset" and cls.__module__.startswith("torch.utils.data"):
+            return True
+    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+def _fetch_many(dataset: Any, indices: Sequence[Any]) -> Sequence[Any]:
+    """``dataset.__getitems__(indices)`` when it exists, else one ``__getitem__`` per key."""
+    getitems = getattr(dataset, "__getitems__", None)
+    if callable(getitems):
+        return getitems(indices)  # type: ignore[no-any-return]
+    return [dataset[i] for i in indices]
+
+
+class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
+    """Rows of tensors that share their first dimension: sample ``i`` is ``(t[i] for t)``.
+
+    A batch is gathered with one indexing call per tensor, not one per row.
+    """
+
+    tensors: tuple[torch.Tensor, ...]
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        if tensors:
+            rows = tensors[0].size(0)
+            sizes = [t.size(0) for t in tensors]
+            assert all(s == rows for s in sizes), (
+                f"TensorDataset: every tensor must have the same first dimension, got {sizes}"
+            )
+        self.tensors = tensors
+
+    def __getitem__(self, index: Any) -> tuple[torch.Tensor, ...]:
+        return tuple(t[index] for t in self.tensors)
+
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, ...]]:
+        if _overrides_getitem(self, TensorDataset):
+            return [self[i] for i in indices]
+        return RowBatch(self._ferry_gather(torch.as_tensor(indices, dtype=torch.int64)))
+
+    def __len__(self) -> int:
+        return self.tensors[0].size(0)
+
+    def _ferry_gather(self, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(t[index] for t in self.tensors)
+
+
+class StackDataset(Dataset[T_co]):
+    """Samples of several same-length datasets side by side.
+
+    Positional datasets give tuple samples, keyword datasets give dict samples.
+
+    Example::
+
+        >>> StackDataset(range(3), "abc")[1]
+        (1, 'b')
+        >>> StackDataset(n=range(3), c="abc")[2]
+        {'n': 2, 'c': 'c'}
+    """
+
+    datasets: tuple[Any, ...] | dict[str, Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if args and kwargs:
+            raise ValueError(
+                "StackDataset takes datasets either positionally (tuple samples) or by keyword "
+                "(dict samples), got both"
+            )
+        parts = list(args or kwargs.values())
+        if not parts:
+            raise ValueError("StackDataset needs at least one dataset, got none")
+        lengths = [len(d) for d in parts]
+        if any(n != lengths[0] for n in lengths):
+            raise ValueError(
+                f"StackDataset: every dataset must have the same length, got {lengths}"
+            )
+        self._length = lengths[0]
+        self.datasets = args if args else kwargs
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(self.datasets, dict):
+            return {key: d[index] for key, d in self.datasets.items()}
+        return tuple(d[index] for d in self.datasets)
+
+    def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
+        parts = self.datasets.values() if isinstance(self.datasets, dict) else self.datasets
+        columns = []
+        for d in parts:
+            items = _fetch_many(d, indices)
+            if len(items) != len(indices):
+                raise ValueError(
+                    f"StackDataset: {type(d).__name__}.__getitems__ returned {len(items)} "
+                    f"samples for {len(indices)} indices"
+                )
+            columns.append(items)
+        if isinstance(self.datasets, dict):
+            keys = list(self.datasets)
+            return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+        return list(zip(*columns, strict=True))
+
+    def __len__(self) -> int:
+        return self._length
+
+
+class ConcatDataset(Dataset[T_co]):
+    """Several map-style datasets read one after another; negative indices count from the end."""
+
+    datasets: list[Any]
+    cumulative_sizes: list[int]
+
+    def __init__(self, datasets: Iterable[Any]) -> None:
+        self.datasets = list(datasets)
+        assert self.datasets, "ConcatDataset needs at least one dataset, got an empty iterable"
+        for d in self.datasets:
+            assert not is_iterable_style(d), (
+                f"ConcatDataset takes map-style datasets, got the iterable-style "
+                f"{type(d).__name__} (use ChainDataset for streams)"
+            )
+        self.cumulative_sizes = list(itertools.accumulate(len(d) for d in self.datasets))
+
+    @property
+    def cummulative_sizes(self) -> list[int]:
+        """Misspelled alias kept for code written against old torch releases."""
+        warnings.warn(
+            "cummulative_sizes is a deprecated alias: use cumulative_sizes",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.cumulative_sizes
+
+    def __len__(self) -> int:
+        return self.cumulative_sizes[-1]
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        if index < 0:
+            if -index > len(self):
+                raise ValueError(
+                    f"ConcatDataset: index {index} is out of range for a dataset of length "
+                    f"{len(self)}"
+                )
+            index += len(self)
+        part = bisect.bisect_right(self.cumulative_sizes, index)
+        offset = self.cumulative_sizes[part - 1] if part else 0
+        return part, index - offset
+
+    def __getitem__(self, index: int) -> T_co:
+        part, local = self._locate(index)
+        return self.datasets[part][local]  # type: ignore[no-any-return]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        if _overrides_getitem(self, ConcatDataset):
+            return [self[i] for i in indices]
+        # Group the keys by part so each part answers with one batched call, then restore order.
+        by_part: dict[int, list[tuple[int, int]]] = {}
+        for position, index in enumerate(indices):
+            part, local = self._locate(index)
+            by_part.setdefault(part, []).append((position, local))
+        out: list[Any] = [None] * len(indices)
+        for part, pairs in by_part.items():
+            items = _fetch_many(self.datasets[part], [local for _, local in pairs])
+            for (position, _), item in zip(pairs, items, strict=True):
+                out[position] = item
+        return out
+
+
+class ChainDataset(IterableDataset[Any]):
+    """Several iterable-style datasets streamed one after another."""
+
+    datasets: Iterable[Any]
+
+    def __init__(self, datasets: Iterable[Any]) -> None:
+        self.datasets = datasets
+
+    def _checked(self) -> Iterator[Any]:
+        for d in self.datasets:
+            assert is_iterable_style(d), (
+                f"ChainDataset takes iterable-style datasets, got the map-style {type(d).__name__}"
+            )
+            yield d
+
+    def __iter__(self) -> Iterator[Any]:
+        for d in self._checked():
+            yield from d
+
+    def __len__(self) -> int:
+        return sum(len(d) for d in self._checked())
+
+
+class Subset(Dataset[T_co]):
+    """The samples of ``dataset`` at ``indices``, in that order."""
+
+    dataset: Any
+    indices: Sequence[Any]
+
+    def __init__(self, dataset: Any, indices: Sequence[Any]) -> None:
+        self.dataset = dataset
+        self.indices = indices
+        self._index_tensor: torch.Tensor | None = None
+
+    @overload
+    def __getitem__(self, idx: list[int]) -> list[T_co]: ...
+    @overload
+    def __getitem__(self, idx: int) -> T_co: ...
+    def __getitem__(self, idx: Any) -> Any:
+        if isinstance(idx, list):
+            return self.dataset[[self.indices[i] for i in idx]]
+        return self.dataset[self.indices[idx]]
+
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[Any]:
+        return _fetch_many(self.dataset, [self.indices[i] for i in indices])
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def _ferry_gather(self, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inner = tensor_gather(self.dataset)
+        assert inner is not None, "Subset._ferry_gather needs a dataset with a tensor gather"
+        if self._index_tensor is None:
+            self._index_tensor = torch.as_tensor(self.indices, dtype=torch.int64)
+        return inner(self._index_tensor[index])
+
+
+def _overrides_getitem(dataset: object, base: type) -> bool:
+    """Whether a subclass replaced ``base.__getitem__``: batched paths must then defer to it."""
+    return getattr(type(dataset), "__getitem__", None) is not getattr(base, "__getitem__", None)
+
+
+def tensor_gather(dataset: object) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None:
+    """The dataset's one-call batch gather from an ``int64`` index tensor, or None.
+
+    Only for the built-in :class:`TensorDataset` and :class:`Subset` s of it whose sample access
+    is not overridden by a subclass: the gathered columns are then exactly the default-collated
+    batch of the rows at those indices.
+    """
+    if isinstance(dataset, TensorDataset):
+        plain = not _overrides_getitem(dataset, TensorDataset)
+        return dataset._ferry_gather if plain and dataset.tensors else None
+    if (
+        isinstance(dataset, Subset)
+        and not _overrides_getitem(dataset, Subset)
+        and type(dataset).__getitems__ is Subset.__getitems__
+        and tensor_gather(dataset.dataset) is not None
+    ):
+        return dataset._ferry_gather
+    return None
+
+
+def random_split(
+    dataset: Any,
+    lengths: Sequence[int | float],
+    generator: torch.Generator = torch.default_generator,
+) -> list[Subset[Any]]:
+    """Split ``dataset`` into non-overlapping random :class:`Subset` s.
+
+    ``lengths`` are sizes summing to ``len(dataset)``, or fractions summing to 1: each fraction
+    gets ``floor(fraction * len)`` samples, and what remains is handed out one at a time to the
+    splits in turn, from the first. The split is the one torch makes for the same generator.
+
+    Example::
+
+        >>> a, b = random_split(range(10), [0.7, 0.3], generator=torch.Generator().manual_seed(0))
+        >>> len(a), len(b)
+        (7, 3)
+    """
+    total = len(dataset)
+    sizes: Sequence[int | float] = list(lengths)
+    if math.isclose(sum(sizes), 1) and sum(sizes) <= 1:
+        counts = []
+        for position, fraction in enumerate(sizes):
+            if not 0 <= fraction <= 1:
+                raise ValueError(
+                    f"random_split: fraction at index {position} must be between 0 and 1, "
+                    f"got {fraction}"
+                )
+            counts.append(math.floor(total * fraction))
+        for turn in range(total - sum(counts)):
+            counts[turn % len(counts)] += 1
+        for position, count in enumerate(counts):
+            if count == 0:
+                warnings.warn(
+                    f"random_split: split {position} is empty (length 0)",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        sizes = counts
+    if sum(sizes) != total:
+        raise ValueError(
+            f"random_split: the lengths must sum to the dataset's length {total} "
+            f"(or the fractions to 1), got {list(lengths)} summing to {sum(lengths)}"
+        )
+    order = torch.randperm(total, generator=generator).tolist()
+    ends = itertools.accumulate(int(s) for s in sizes)
+    return [
+        Subset(dataset, order[end - int(size) : end]) for end, size in zip(ends, sizes, strict=True)
+    ]

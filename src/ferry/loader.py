@@ -1,0 +1,316 @@
+"""The :class:`DataLoader`: validates options, builds the epoch plan, picks an engine."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.context import BaseContext
+from typing import Any, Generic, Literal, TypeVar
+
+import torch
+
+from ferry._engine.alloc import BufferPool
+from ferry._engine.iterator import InlineIterator, LoaderIterator
+from ferry.collate import default_collate, default_convert
+from ferry.datasets import is_iterable_style
+from ferry.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
+
+__all__ = ["DataLoader"]
+
+T_co = TypeVar("T_co", covariant=True)
+
+WorkerType = Literal["process", "thread"]
+
+# Options that describe the epoch plan: changing them after construction would leave the
+# loader's sampler and batch sampler describing something else, so it is refused (as in torch).
+_FROZEN_AFTER_INIT = frozenset(
+    {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
+)
+
+
+class _StreamSampler(Sampler[None]):
+    """The sampler of an iterable-style dataset: one ``None`` per sample, without end.
+
+    Kept so ``loader.sampler``/``loader.batch_sampler`` exist as in torch; the stream itself
+    decides where the epoch ends.
+    """
+
+    def __iter__(self) -> Iterator[None]:
+        while True:
+            yield None
+
+
+class DataLoader(Generic[T_co]):
+    """Iterates over a dataset in batches, in the main process or in worker processes/threads.
+
+    Same signature, defaults, validation and sample order as ``torch.utils.data.DataLoader``.
+    ferry adds one keyword-only option, whose default keeps torch's behaviour:
+
+    * ``worker_type``: ``"process"`` (default) or ``"thread"``; thread workers share the dataset
+      without pickling and start in microseconds.
+
+    Example::
+
+        >>> loader = DataLoader(TensorDataset(x, y), batch_size=256, shuffle=True)
+        >>> for xb, yb in loader:
+        ...     loss = model(xb, yb)
+    """
+
+    dataset: Any
+    batch_size: int | None
+    num_workers: int
+    pin_memory: bool
+    drop_last: bool
+    timeout: float
+    sampler: Sampler[Any] | Iterable[Any]
+    batch_sampler: Sampler[Any] | Iterable[Any] | None
+    prefetch_factor: int | None
+    generator: torch.Generator | None
+    _initialized = False
+
+    def __init__(  # noqa: PLR0917 - torch's signature takes these positionally
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Sampler[Any] | Iterable[Any] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: str | BaseContext | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        worker_type: WorkerType = "process",
+    ) -> None:
+        if not isinstance(num_workers, int):
+            raise TypeError(f"num_workers must be an integer, got {num_workers!r}")
+        if num_workers < 0:
+            raise ValueError(
+                f"num_workers must be >= 0 (0 loads in the main process), got {num_workers}"
+            )
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds (0 waits forever), got {timeout}")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                f"prefetch_factor applies to worker loading only: with num_workers=0 leave it "
+                f"None, got prefetch_factor={prefetch_factor}"
+            )
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        elif prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
+        if persistent_workers and num_workers == 0:
+            raise ValueError(
+                "persistent_workers=True keeps workers between epochs and needs num_workers > 0, "
+                "got num_workers=0"
+            )
+        if worker_type not in ("process", "thread"):
+            raise ValueError(f"worker_type must be 'process' or 'thread', got {worker_type!r}")
+
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.worker_type: WorkerType = worker_type
+        self.multiprocessing_context = multiprocessing_context
+        self.in_order = in_order
+
+        self._iterable_style = is_iterable_style(dataset)
+        if self._iterable_style:
+            if shuffle not in (False, None):
+                raise ValueError(
+                    "shuffle must be left unset for an iterable-style dataset (the stream decides "
+                    f"the order), got shuffle={shuffle!r}"
+                )
+            if sampler is not None:
+                raise ValueError(
+                    "sampler must be left unset for an iterable-style dataset (it has no keys), "
+                    f"got sampler={sampler!r}"
+                )
+            if batch_sampler is not None:
+                raise ValueError(
+                    "batch_sampler must be left unset for an iterable-style dataset (it has no "
+                    f"keys), got batch_sampler={batch_sampler!r}"
+                )
+        else:
+            shuffle = bool(shuffle)
+
+        if sampler is not None and shuffle:
+            raise ValueError(
+                "shuffle=True and sampler are mutually exclusive: the sampler decides the order"
+            )
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and "
+                    f"drop_last, got batch_size={batch_size!r}, shuffle={shuffle!r}, "
+                    f"sampler={sampler!r}, drop_last={drop_last!r}"
+                )
+            batch_size = None
+            drop_last = False
+        elif batch_size is None and drop_last:
+            raise ValueError(
+                "drop_last=True needs automatic batching: batch_size=None turns it off"
+            )
+
+        if sampler is None:
+            if self._iterable_style:
+                sampler = _StreamSampler()
+            elif shuffle:
+                sampler = RandomSampler(dataset, generator=generator)
+            else:
+                sampler = SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+        if collate_fn is None:
+            collate_fn = default_collate if self._auto_collation else default_convert
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+
+        self._iterable_len_reported: int | None = None
+        self._persistent_iterator: LoaderIterator | None = None
+        self._pool: BufferPool | None = None
+        self._pool_lock = threading.Lock()
+        self._warned_no_accelerator = False
+        self._initialized = True
+        self._check_worker_count()
+
+    # -- options -------------------------------------------------------------------------------
+
+    @property
+    def multiprocessing_context(self) -> BaseContext | None:
+        """The start method workers use: a context object, or None for the platform default."""
+        return self._multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context: str | BaseContext | None) -> None:
+        if context is not None:
+            if self.num_workers == 0:
+                raise ValueError(
+                    "multiprocessing_context applies to worker processes only and needs "
+                    f"num_workers > 0, got num_workers={self.num_workers}"
+                )
+            if isinstance(context, str):
+                methods = multiprocessing.get_all_start_methods()
+                if context not in methods:
+                    raise ValueError(
+                        f"multiprocessing_context must be one of {methods}, got {context!r}"
+                    )
+                context = multiprocessing.get_context(context)
+            if not isinstance(context, BaseContext):
+                raise TypeError(
+                    "multiprocessing_context must be a start method name or a multiprocessing "
+                    f"context object, got {type(context).__name__}"
+                )
+        self._multiprocessing_context: BaseContext | None = context
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._initialized and name in _FROZEN_AFTER_INIT:
+            raise ValueError(
+                f"{name} cannot be changed after the {type(self).__name__} is built; build a new "
+                "loader instead"
+            )
+        super().__setattr__(name, value)
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self) -> Sampler[Any] | Iterable[Any]:
+        return self.batch_sampler if self.batch_sampler is not None else self.sampler
+
+    # -- iteration -----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[T_co]:
+        if self.persistent_workers and self.num_workers > 0:
+            if self._persistent_iterator is None:
+                self._persistent_iterator = self._make_iterator()
+            else:
+                self._persistent_iterator._restart()
+            return self._persistent_iterator
+        return self._make_iterator()
+
+    def _make_iterator(self) -> LoaderIterator:
+        if self.num_workers == 0:
+            return InlineIterator(self)
+        from ferry._engine.pool import WorkerIterator
+
+        return WorkerIterator(self)
+
+    def __len__(self) -> int:
+        if not self._iterable_style:
+            return len(self._index_sampler)  # type: ignore[arg-type]
+        length = len(self.dataset)
+        self._iterable_len_reported = length
+        if self.batch_size is None:
+            return length
+        if self.drop_last:
+            return length // self.batch_size
+        return math.ceil(length / self.batch_size)
+
+    # -- helpers for the engines ---------------------------------------------------------------
+
+    def _buffer_pool(self) -> BufferPool:
+        """The loader's reusable batch buffers, shared by its iterators across epochs."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = BufferPool()
+            return self._pool
+
+    def _warn_no_accelerator(self) -> None:
+        if not self._warned_no_accelerator:
+            self._warned_no_accelerator = True
+            warnings.warn(
+                "pin_memory=True, but this machine has no accelerator: batches are returned in "
+                "ordinary (unpinned) memory",
+                UserWarning,
+                stacklevel=4,
+            )
+
+    def _check_worker_count(self) -> None:
+        if self.num_workers == 0:
+            return
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        if self.num_workers > cpus:
+            warnings.warn(
+                f"num_workers={self.num_workers} is more than the {cpus} CPUs this process may "
+                "run on: workers will compete for them, which is usually slower and can make "
+                "loading stall. Consider num_workers <= the CPU count.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # Live state (an epoch in progress, buffers, a lock) does not travel with the loader.
+        state.update(_persistent_iterator=None, _pool=None, _pool_lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__["_pool_lock"] = threading.Lock()
