@@ -1,0 +1,86 @@
+"""Messages between the main process and its workers.
+
+Every message is a small frozen dataclass. Tasks flow main -> worker; results flow back in the
+order the worker finishes them. ``task`` numbers are the loader's batch numbers within an epoch.
+
+main -> worker
+    :class:`Fetch`  make batch ``task`` from ``key``; ``freed`` lists this worker's slabs the
+                    main process no longer uses, so the worker may write them again.
+    :class:`Resume` a new epoch begins (persistent workers): reopen the iterable stream.
+    :class:`Stop`   finish: exit after the current task.
+
+worker -> main
+    :class:`Ready`     the worker ran its set-up (seeding, ``worker_init_fn``) and waits for tasks.
+    :class:`NewSlab`   a shared-memory slab follows on the same connection, as a file descriptor.
+    :class:`Done`      batch ``task`` is ready; ``payload`` is the pickled batch whose tensors
+                       refer to slabs by id (see :mod:`ferry._engine.shm`), or the batch object
+                       itself for thread workers.
+    :class:`Exhausted` the worker's iterable stream has ended; it had nothing for ``task``.
+    :class:`Failed`    user code raised; carries the exception and its formatted traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Done", "Exhausted", "Failed", "Fetch", "NewSlab", "Ready", "Resume", "Stop"]
+
+
+@dataclass(frozen=True)
+class Fetch:
+    task: int
+    key: Any
+    freed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Resume:
+    freed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True)
+class Ready:
+    worker_id: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class NewSlab:
+    slab_id: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Done:
+    task: int
+    payload: Any
+    slabs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    task: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    """User code raised in a worker.
+
+    ``task`` is None when the failure happened before any task (in ``worker_init_fn``).
+    ``exception`` is the pickled exception, or None if it could not be pickled; then
+    ``type_name`` and ``message`` describe it.
+    """
+
+    task: int | None
+    worker_id: int
+    pid: int
+    type_name: str
+    message: str
+    traceback: str
+    exception: bytes | None = field(default=None, repr=False)

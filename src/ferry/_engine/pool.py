@@ -1,0 +1,493 @@
+"""The worker engine: dispatch, reorder, timeouts, liveness and shutdown.
+
+Batch order is torch's. Tasks (one per batch) are numbered in epoch order and handed to workers
+round-robin, skipping workers whose iterable stream has ended; each worker has at most
+``prefetch_factor`` tasks in flight, and one new task goes out per batch yielded. With
+``in_order=True`` results are yielded by task number; otherwise as they come, and new tasks go
+to the least busy worker.
+
+The main process waits on every worker connection *and* every worker process's sentinel at once
+(:func:`multiprocessing.connection.wait`), so a worker that dies is noticed as soon as it dies,
+and ``timeout`` is measured by the same wait. Thread workers report through one queue.
+
+Teardown is layered and bounded (see :class:`WorkerGroup.shutdown`): ask every worker to stop,
+then terminate, then kill, each with a deadline; it runs when the epoch ends, when the iterator
+is garbage collected, or at interpreter exit, through ``weakref.finalize``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing
+import os
+import pickle
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import recv_handle
+from typing import TYPE_CHECKING, Any, cast
+
+from ferry._engine.iterator import LoaderIterator, epoch_keys
+from ferry._engine.messages import Done, Exhausted, Failed, Fetch, NewSlab, Ready, Resume, Stop
+from ferry._engine.shm import SlabMaps
+from ferry._engine.worker import WorkerConfig, process_worker_main, thread_worker_main
+from ferry.errors import WorkerDied, WorkerTimeout, add_note, describe_key, rebuild_exception
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+
+    from ferry.loader import DataLoader
+
+__all__ = ["WorkerGroup", "WorkerIterator"]
+
+# Shutdown deadlines (seconds): stop politely, then SIGTERM, then SIGKILL.
+_JOIN_AFTER_STOP = 0.5
+_JOIN_AFTER_TERMINATE = 0.5
+_JOIN_AFTER_KILL = 0.5
+# Thread workers cannot be interrupted: they exit after their current fetch. Wait only briefly.
+_JOIN_THREADS = 0.2
+# Longest single wait, so a timeout or a dead thread worker is noticed promptly.
+_WAIT_SLICE = 0.5
+
+
+@dataclass
+class _Worker:
+    worker_id: int
+    process: BaseProcess | None = None
+    conn: Connection | None = None
+    thread: threading.Thread | None = None
+    inbox: queue.SimpleQueue[Any] | None = None
+    slabs: SlabMaps = field(default_factory=SlabMaps)
+    pid: int | None = None
+
+    def send(self, message: Any) -> None:
+        if self.conn is not None:
+            self.conn.send(message)
+        else:
+            assert self.inbox is not None
+            self.inbox.put(message)
+
+
+class WorkerGroup:
+    """The workers of one iterator: started together, stopped together.
+
+    Holds no reference to the iterator, so the iterator's finalizer can stop the group.
+    """
+
+    def __init__(self) -> None:
+        self.workers: list[_Worker] = []
+        self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # thread workers' results
+        self.closed = False
+        # A forked child inherits this object (and the finalizer that calls shutdown); only the
+        # process that started the workers may stop them.
+        self.owner_pid = os.getpid()
+
+    def shutdown(self) -> None:
+        """Stop every worker within about two seconds, whatever state it is in."""
+        if self.closed or os.getpid() != self.owner_pid:
+            return
+        self.closed = True
+        started = [w for w in self.workers if w.pid is not None or w.thread is not None]
+        for worker in started:
+            with contextlib.suppress(OSError, ValueError):  # already gone
+                worker.send(Stop())
+        processes = [w for w in started if w.process is not None]
+        self._drain_until_exit(processes, time.monotonic() + _JOIN_AFTER_STOP)
+        for step, grace in (("terminate", _JOIN_AFTER_TERMINATE), ("kill", _JOIN_AFTER_KILL)):
+            alive = [w for w in processes if w.process is not None and w.process.is_alive()]
+            if not alive:
+                break
+            for worker in alive:
+                assert worker.process is not None
+                getattr(worker.process, step)()
+            self._drain_until_exit(alive, time.monotonic() + grace)
+        deadline = time.monotonic() + _JOIN_THREADS
+        for worker in self.workers:
+            if worker.process is not None and worker.pid is not None:
+                worker.process.join(0)
+                if not worker.process.is_alive():
+                    worker.process.close()
+            if worker.conn is not None:
+                worker.conn.close()
+            worker.slabs.close()
+            if worker.thread is not None and worker.thread.is_alive():
+                worker.thread.join(max(0.0, deadline - time.monotonic()))
+
+    @staticmethod
+    def _drain_until_exit(workers: list[_Worker], deadline: float) -> None:
+        """Wait for the processes to exit, reading (and dropping) what they still send, so none
+        blocks on a full pipe; file descriptors of slabs that arrive are closed."""
+        sentinels = {w.process.sentinel: w for w in workers if w.process is not None}
+        conns = {w.conn: w for w in workers if w.conn is not None}
+        while sentinels and (left := deadline - time.monotonic()) > 0:
+            for ready in wait([*sentinels, *conns], timeout=left):
+                if isinstance(ready, int):
+                    # The sentinel fires as the child closes its files, just before it can
+                    # be reaped: a short blocking join collects it instead of leaving a zombie.
+                    process = sentinels.pop(ready).process
+                    assert process is not None
+                    process.join(max(0.05, deadline - time.monotonic()))
+                    continue
+                conn = cast(Connection, ready)
+                try:
+                    if isinstance(conn.recv(), NewSlab):
+                        os.close(recv_handle(conn))
+                except (EOFError, OSError):
+                    conns.pop(conn, None)
+
+
+def _start_processes(group: WorkerGroup, configs: list[WorkerConfig], context: Any) -> None:
+    for config in configs:
+        parent_end, child_end = context.Pipe(duplex=True)
+        process = context.Process(
+            target=process_worker_main,
+            args=(config, child_end),
+            name=f"ferry-worker-{config.worker_id}",
+            daemon=True,
+        )
+        worker = _Worker(config.worker_id, process=process, conn=parent_end)
+        group.workers.append(worker)
+        try:
+            process.start()
+        except Exception as exc:
+            child_end.close()
+            raise _explain_start_failure(exc, config, context) from exc
+        child_end.close()
+        worker.pid = process.pid
+
+
+def _explain_start_failure(exc: Exception, config: WorkerConfig, context: Any) -> Exception:
+    """Name what could not be sent to a worker process (spawn and forkserver pickle it)."""
+    method = context.get_start_method()
+    for name in ("dataset", "collate_fn", "worker_init_fn"):
+        value = getattr(config, name)
+        try:
+            pickle.dumps(value)
+        except Exception as why:
+            message = (
+                f"DataLoader could not start worker processes with the {method!r} start method: "
+                f"{name} ({type(value).__qualname__}) cannot be pickled ({why}). Define it at "
+                "module level (not a lambda or a local function), use "
+                "multiprocessing_context='fork', or use worker_type='thread'."
+            )
+            try:
+                return type(exc)(message)
+            except Exception:
+                return RuntimeError(message)
+    return exc
+
+
+def _start_threads(group: WorkerGroup, configs: list[WorkerConfig], loader: Any) -> None:
+    pool = loader._buffer_pool()
+    for config in configs:
+        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        thread = threading.Thread(
+            target=thread_worker_main,
+            args=(config, inbox, group.outbox, pool),
+            name=f"ferry-worker-{config.worker_id}",
+            daemon=True,
+        )
+        group.workers.append(_Worker(config.worker_id, thread=thread, inbox=inbox))
+        thread.start()
+
+
+@dataclass
+class _Task:
+    worker_id: int
+    key: Any
+    result: Any = None
+    arrived: bool = False
+    error: BaseException | None = None
+
+
+class WorkerIterator(LoaderIterator):
+    """``num_workers > 0``: batches are made by worker processes or threads."""
+
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        super().__init__(loader)
+        self._num_workers = loader.num_workers
+        self._prefetch = loader.prefetch_factor or 2
+        self._in_order = loader.in_order
+        self._timeout = float(loader.timeout)
+        self._threads = loader.worker_type == "thread"
+        self._group = WorkerGroup()
+        self._finalizer = weakref.finalize(self, self._group.shutdown)
+        self._fatal: BaseException | None = None
+        configs = [
+            WorkerConfig(
+                worker_id=i,
+                num_workers=self._num_workers,
+                base_seed=self._base_seed,
+                dataset=loader.dataset,
+                iterable=loader._iterable_style,
+                auto_collation=loader._auto_collation,
+                collate_fn=loader.collate_fn,
+                drop_last=loader.drop_last,
+                worker_init_fn=loader.worker_init_fn,
+                parent_pid=os.getpid(),
+            )
+            for i in range(self._num_workers)
+        ]
+        try:
+            if self._threads:
+                _start_threads(self._group, configs, loader)
+            else:
+                context = loader.multiprocessing_context or multiprocessing.get_context()
+                _start_processes(self._group, configs, context)
+        except BaseException:
+            self._finalizer()
+            raise
+        self._workers = self._group.workers
+        self._next_task = 0
+        self._begin_epoch()
+
+    # -- epoch bookkeeping ---------------------------------------------------------------------
+
+    def _begin_epoch(self) -> None:
+        # torch asks the sampler for a fresh iterator when workers start, and draws from it
+        # right away to fill the prefetch queue; so does ferry, so RNG draws happen in the
+        # same order.
+        self._keys: Iterator[Any] = epoch_keys(self._loader, self._fetcher_gathers())
+        self._keys_done = False
+        self._tasks: dict[int, _Task] = {}
+        self._first_task = self._next_task
+        self._next_yield = self._first_task
+        self._in_flight = [0] * self._num_workers
+        self._active = [True] * self._num_workers
+        self._cycle = itertools.cycle(range(self._num_workers))
+        for _ in range(self._prefetch * self._num_workers):
+            self._dispatch()
+
+    def _fetcher_gathers(self) -> bool:
+        return getattr(self._fetcher, "gather", None) is not None
+
+    def _restart(self) -> None:
+        """Next epoch with the same (persistent) workers; stale results are dropped as they come."""
+        if self._fatal is not None or self._group.closed:
+            raise RuntimeError("this DataLoader's persistent workers were shut down after an error")
+        self._num_yielded = 0
+        self._length_warned = False
+        for worker in self._workers:
+            worker.send(Resume(worker.slabs.take_freed()))
+        self._begin_epoch()
+
+    def _dispatch(self) -> None:
+        """Hand the next key of the epoch to a worker, if there is a key and a free worker."""
+        if self._keys_done or not any(self._active):
+            return
+        try:
+            key = next(self._keys)
+        except StopIteration:
+            self._keys_done = True
+            return
+        worker_id = self._pick_worker()
+        worker = self._workers[worker_id]
+        task = self._next_task
+        self._next_task += 1
+        self._tasks[task] = _Task(worker_id, key)
+        self._in_flight[worker_id] += 1
+        try:
+            worker.send(Fetch(task, key, worker.slabs.take_freed()))
+        except OSError:
+            raise self._died(worker) from None
+
+    def _pick_worker(self) -> int:
+        if self._in_order:
+            for _ in range(self._num_workers):
+                candidate = next(self._cycle)
+                if self._active[candidate]:
+                    return candidate
+        active = [w for w in range(self._num_workers) if self._active[w]]
+        least = min(self._in_flight[w] for w in active)
+        for _ in range(self._num_workers):
+            candidate = next(self._cycle)
+            if self._active[candidate] and self._in_flight[candidate] == least:
+                return candidate
+        return active[0]
+
+    # -- the main loop -------------------------------------------------------------------------
+
+    def _next_batch(self) -> Any:
+        if self._fatal is not None:
+            raise self._fatal
+        try:
+            return self._next_result()
+        except StopIteration:
+            if not self._loader.persistent_workers:
+                self._finalizer()
+            raise
+        except (WorkerDied, WorkerTimeout) as exc:
+            self._fatal = exc
+            self._finalizer()
+            raise
+
+    def _next_result(self) -> Any:
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        while True:
+            task = self._skip_to_next_task()
+            if task is None:
+                raise StopIteration
+            if task.arrived:
+                return self._deliver(self._next_yield)
+            self._handle(*self._receive(deadline))
+            if not self._in_order:
+                ready = next((t for t, s in self._tasks.items() if s.arrived), None)
+                if ready is not None:
+                    return self._deliver(ready)
+
+    def _skip_to_next_task(self) -> _Task | None:
+        """The task to yield next; skips tasks already yielded (out of order) and tasks of
+        workers whose stream has ended. None when the epoch is over."""
+        while self._next_yield < self._next_task:
+            task = self._tasks.get(self._next_yield)
+            if task is not None and (task.arrived or self._active[task.worker_id]):
+                return task
+            self._tasks.pop(self._next_yield, None)
+            self._next_yield += 1
+        return None
+
+    def _deliver(self, number: int) -> Any:
+        task = self._tasks.pop(number)
+        if number == self._next_yield:
+            self._next_yield += 1
+        self._dispatch()
+        error, task.error = task.error, None
+        if error is None:
+            return task.result
+        try:
+            raise error
+        finally:
+            # This frame goes on the traceback: holding the exception in a local too would
+            # make a cycle that keeps the iterator, and its workers, alive until a GC pass.
+            del error, task
+
+    def _handle(self, worker_id: int, message: Any) -> None:
+        if isinstance(message, Ready):
+            return
+        if isinstance(message, Failed) and message.task is None:
+            exc = self._worker_exception(message, "while starting (in worker_init_fn)")
+            self._fatal = exc
+            self._finalizer()
+            raise exc
+        task_number: int = message.task
+        self._in_flight[worker_id] -= 1
+        if task_number < self._first_task:
+            # From an abandoned epoch: dropped unread, so its slabs go straight back.
+            if isinstance(message, Done) and message.slabs:
+                self._workers[worker_id].slabs.release(message.slabs)
+            return
+        if isinstance(message, Exhausted):
+            self._active[worker_id] = False
+            self._tasks.pop(task_number, None)  # already skipped if its turn came first
+            self._dispatch()
+            return
+        task = self._tasks[task_number]
+        task.arrived = True
+        if isinstance(message, Failed):
+            what = "while fetching " + describe_key(task.key, self._iterable_style)
+            task.error = self._worker_exception(message, what)
+        elif self._threads:
+            task.result = message.payload
+        else:
+            assert isinstance(message, Done)
+            worker = self._workers[worker_id]
+            task.result = worker.slabs.decode(message.payload, message.slabs)
+
+    def _worker_exception(self, message: Failed, what: str) -> BaseException:
+        exc = rebuild_exception(message.exception, message.type_name, message.message)
+        add_note(exc, f"raised in DataLoader worker {message.worker_id} (pid {message.pid}) {what}")
+        add_note(exc, "worker traceback:\n" + message.traceback.rstrip())
+        return exc
+
+    def _receive(self, deadline: float | None) -> tuple[int, Any]:
+        """The next message from any worker; raises if a worker died or ``deadline`` passed."""
+        while True:
+            left = (
+                _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, deadline - time.monotonic())
+            )
+            if left <= 0:
+                raise self._timeout_error()
+            got = self._receive_threads(left) if self._threads else self._receive_processes(left)
+            if got is not None:
+                return got
+
+    def _receive_threads(self, wait_for: float) -> tuple[int, Any] | None:
+        try:
+            got: tuple[int, Any] = self._group.outbox.get(timeout=wait_for)
+        except queue.Empty:
+            for worker in self._workers:
+                assert worker.thread is not None
+                if not worker.thread.is_alive() and self._in_flight[worker.worker_id]:
+                    raise self._died(worker) from None
+            return None
+        return got
+
+    def _receive_processes(self, wait_for: float) -> tuple[int, Any] | None:
+        by_handle: dict[Any, _Worker] = {}
+        for worker in self._workers:
+            assert worker.conn is not None
+            assert worker.process is not None
+            by_handle[worker.conn] = worker
+            by_handle[worker.process.sentinel] = worker
+        ready = wait(list(by_handle), timeout=wait_for)
+        for handle in ready:
+            worker = by_handle[handle]
+            if isinstance(handle, Connection):
+                return worker.worker_id, self._read(worker)
+        for handle in ready:
+            worker = by_handle[handle]
+            assert worker.conn is not None
+            if worker.conn.poll(0):
+                return worker.worker_id, self._read(worker)  # its last words first
+            raise self._died(worker)
+        return None
+
+    def _read(self, worker: _Worker) -> Any:
+        assert worker.conn is not None
+        try:
+            message = worker.conn.recv()
+            while isinstance(message, NewSlab):
+                worker.slabs.add(message.slab_id, message.size, recv_handle(worker.conn))
+                message = worker.conn.recv()
+        except (EOFError, OSError):
+            raise self._died(worker) from None
+        return message
+
+    def _in_flight_of(self, worker_id: int) -> str:
+        keys = [t.key for t in self._tasks.values() if t.worker_id == worker_id and not t.arrived]
+        if not keys:
+            return "nothing"
+        return "; ".join(describe_key(k, self._iterable_style) for k in keys)
+
+    def _died(self, worker: _Worker) -> WorkerDied:
+        exitcode = None
+        if worker.process is not None:
+            worker.process.join(0.1)
+            exitcode = worker.process.exitcode
+        return WorkerDied(
+            worker.worker_id, worker.pid, exitcode, self._in_flight_of(worker.worker_id)
+        )
+
+    def _timeout_error(self) -> WorkerTimeout:
+        task = self._tasks.get(self._next_yield)
+        if task is None:
+            return WorkerTimeout(
+                f"DataLoader timed out after {self._timeout} s waiting for a batch"
+            )
+        worker = self._workers[task.worker_id]
+        return WorkerTimeout(
+            f"DataLoader timed out after {self._timeout} s (timeout={self._loader.timeout}) "
+            f"waiting for worker {task.worker_id} (pid {worker.pid or os.getpid()}) to fetch "
+            f"{describe_key(task.key, self._iterable_style)}"
+        )
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def _shutdown_workers(self) -> None:
+        """Stop the workers now (also called by the finalizer)."""
+        self._finalizer()

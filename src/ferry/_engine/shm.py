@@ -1,0 +1,290 @@
+"""Shared-memory slabs: how a process worker's batch reaches the main process without a copy.
+
+A *slab* is an anonymous shared-memory file (``memfd_create``) owned by the worker that made
+it. It has no name, so nothing is ever left in ``/dev/shm``: its memory goes back to the system
+when the last process that maps it exits or unmaps it, however that process ends.
+
+In the worker, :class:`SlabAllocator` is installed as collate's allocator: batch tensors are
+carved out of slabs, so collate writes each sample straight into shared memory. The batch is
+then pickled by :func:`encode_batch`, which replaces every tensor by a reference
+``(slab id, byte offset, dtype, shape, stride)``; the first time a slab is used, the worker
+sends its file descriptor over the connection (``SCM_RIGHTS``) right after a ``NewSlab``
+message.
+
+In the main process, :class:`SlabMaps` maps each slab once and :meth:`SlabMaps.decode` turns the
+references back into tensors over the mapping. A slab is lent out with the batch and is free
+again once every tensor of that batch made from it is gone (a weak reference to the
+``memoryview`` each tensor was made from, as in :mod:`ferry._engine.alloc`); the main process
+then lists it in the ``freed`` field of its next message to that worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import math
+import mmap
+import os
+import pickle
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["SLABS_SUPPORTED", "Slab", "SlabAllocator", "SlabMaps", "encode_batch"]
+
+SLABS_SUPPORTED = hasattr(os, "memfd_create")
+
+_ALIGN = 64
+_MIN_SLAB = 1 << 20
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+class Slab:
+    """One anonymous shared-memory file, mapped in the worker that created it."""
+
+    def __init__(self, slab_id: int, size: int) -> None:
+        self.id = slab_id
+        self.size = size
+        self.fd = os.memfd_create(f"ferry-slab-{slab_id}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.map = mmap.mmap(self.fd, size)
+        except OSError as exc:
+            os.close(self.fd)
+            raise _out_of_shared_memory(size) from exc
+        self.whole = torch.frombuffer(self.map, dtype=torch.uint8)
+        self.base = self.whole.data_ptr()
+        self.used = 0
+        self.lent = False  # in the main process's hands until it says otherwise
+        self.announced = False
+
+    def close(self) -> None:
+        del self.whole
+        with contextlib.suppress(BufferError):  # a tensor still views it; unmapped when it goes
+            self.map.close()
+        os.close(self.fd)
+
+
+def _out_of_shared_memory(size: int) -> OSError:
+    return OSError(
+        f"ferry could not get {size} bytes of shared memory for a batch. Shared memory is "
+        "limited by the size of /dev/shm (containers often mount only 64 MB: run docker with "
+        "--shm-size=2g or --ipc=host) and by RAM. Lower batch_size, num_workers or "
+        "prefetch_factor, or use worker_type='thread', which needs no shared memory."
+    )
+
+
+class SlabAllocator:
+    """Worker-side collate allocator: carves batch tensors out of this worker's slabs.
+
+    A batch may span several slabs. New slabs are sized to the largest batch seen so far, so in
+    steady state each batch fits in one slab and no slab is created.
+    """
+
+    def __init__(self) -> None:
+        self.slabs: dict[int, Slab] = {}
+        self._current: Slab | None = None
+        self._in_batch: list[Slab] = []
+        self._batch_bytes = 0
+        self._largest_batch = 0
+        self._next_id = 0
+
+    def begin(self, freed: tuple[int, ...]) -> None:
+        """Start a batch; ``freed`` are slabs the main process has let go of."""
+        for slab_id in freed:
+            slab = self.slabs.get(slab_id)
+            if slab is not None:
+                slab.lent = False
+        self._current = None
+        self._in_batch = []
+        self._batch_bytes = 0
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        self._batch_bytes += _round_up(nbytes, _ALIGN)
+        slab = self._current
+        if slab is None or slab.used + nbytes > slab.size:
+            slab = self._take(nbytes)
+        start = slab.used
+        slab.used = _round_up(start + nbytes, _ALIGN)
+        return slab.whole[start : start + nbytes].view(dtype).view(shape)
+
+    def _take(self, nbytes: int) -> Slab:
+        want = max(nbytes, self._largest_batch)
+        idle = [s for s in self.slabs.values() if not s.lent and s not in self._in_batch]
+        fitting = [s for s in idle if s.size >= want] or [s for s in idle if s.size >= nbytes]
+        if fitting:
+            slab = min(fitting, key=lambda s: s.size)
+        else:
+            slab = Slab(self._next_id, max(_round_up(want, _MIN_SLAB), _MIN_SLAB))
+            self._next_id += 1
+            self.slabs[slab.id] = slab
+        slab.used = 0
+        self._in_batch.append(slab)
+        self._current = slab
+        return slab
+
+    def locate(self, tensor: torch.Tensor) -> tuple[Slab, int] | None:
+        """The slab holding ``tensor``'s bytes and their offset in it, if any."""
+        ptr = tensor.data_ptr()
+        for slab in self._in_batch:
+            if slab.base <= ptr < slab.base + slab.size:
+                return slab, ptr - slab.base
+        return None
+
+    def finish(self) -> list[Slab]:
+        """End the batch: its slabs are now lent to the main process."""
+        self._largest_batch = max(self._largest_batch, self._batch_bytes)
+        used = self._in_batch
+        for slab in used:
+            slab.lent = True
+        self._current = None
+        self._in_batch = []
+        return used
+
+    def abandon(self) -> None:
+        """The batch failed: its slabs were never handed out."""
+        self._current = None
+        self._in_batch = []
+
+    def close(self) -> None:
+        for slab in self.slabs.values():
+            slab.close()
+        self.slabs.clear()
+
+
+def _shareable(tensor: torch.Tensor) -> bool:
+    return (
+        type(tensor) is torch.Tensor
+        and tensor.device.type == "cpu"
+        and tensor.layout == torch.strided
+        and not tensor.requires_grad
+        and not tensor.is_nested
+        and not tensor.is_quantized
+    )
+
+
+def _extent_bytes(shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int) -> int:
+    """Bytes from a strided tensor's first element to just past its last."""
+    if math.prod(shape) == 0:
+        return 0
+    span = sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+    return (span + 1) * itemsize
+
+
+class _BatchPickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, allocator: SlabAllocator) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._allocator = allocator
+
+    def persistent_id(self, obj: Any) -> Any:
+        if not isinstance(obj, torch.Tensor) or not _shareable(obj) or obj.numel() == 0:
+            return None
+        if any(st < 0 for st in obj.stride()):
+            return None
+        found = self._allocator.locate(obj)
+        if found is None:
+            # Not built by collate in a slab (a custom collate_fn, batching off): one copy in.
+            copy = self._allocator.empty(tuple(obj.shape), obj.dtype)
+            copy.copy_(obj)
+            obj = copy
+            found = self._allocator.locate(obj)
+            assert found is not None
+        slab, offset = found
+        return ("ferry-slab", slab.id, offset, obj.dtype, tuple(obj.shape), tuple(obj.stride()))
+
+
+def encode_batch(batch: Any, allocator: SlabAllocator) -> tuple[bytes, list[Slab]]:
+    """Pickle ``batch`` with its tensors as slab references; returns the bytes and the slabs
+    the batch lives in (now lent to the main process)."""
+    buffer = io.BytesIO()
+    try:
+        _BatchPickler(buffer, allocator).dump(batch)
+    except BaseException:
+        allocator.abandon()
+        raise
+    return buffer.getvalue(), allocator.finish()
+
+
+class _Lease:
+    """One batch's use of one slab: free again when its last tensor is gone."""
+
+    __slots__ = ("count", "done", "key")
+
+    def __init__(self, key: int, done: Callable[[int], None]) -> None:
+        self.key = key
+        self.count = 0
+        self.done = done
+
+    def release(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self.done(self.key)
+
+
+class SlabMaps:
+    """Main-side view of one worker's slabs (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, mmap.mmap] = {}
+        self._freed: collections.deque[int] = collections.deque()
+        self._lock = threading.Lock()
+
+    def add(self, slab_id: int, size: int, fd: int) -> None:
+        try:
+            self._maps[slab_id] = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def take_freed(self) -> tuple[int, ...]:
+        """Slabs whose batches are gone since the last call."""
+        with self._lock:
+            freed = tuple(self._freed)
+            self._freed.clear()
+        return freed
+
+    def _release(self, slab_id: int) -> None:
+        with self._lock:
+            self._freed.append(slab_id)
+
+    def release(self, slab_ids: tuple[int, ...]) -> None:
+        """Give back slabs of a batch that is dropped without being read."""
+        with self._lock:
+            self._freed.extend(slab_ids)
+
+    def decode(self, payload: bytes, slabs: tuple[int, ...]) -> Any:
+        leases = {slab_id: _Lease(slab_id, self._release) for slab_id in slabs}
+        maps = self._maps
+
+        def load(pid: Any) -> torch.Tensor:
+            _, slab_id, offset, dtype, shape, stride = pid
+            nbytes = _extent_bytes(shape, stride, dtype.itemsize)
+            view = memoryview(maps[slab_id])[offset : offset + nbytes]
+            lease = leases[slab_id]
+            lease.count += 1
+            weakref.finalize(view, lease.release)
+            flat = torch.frombuffer(view, dtype=torch.uint8).view(dtype)
+            return flat.as_strided(shape, stride)
+
+        unpickler = pickle.Unpickler(io.BytesIO(payload))
+        unpickler.persistent_load = load  # type: ignore[method-assign]
+        batch = unpickler.load()
+        for lease in leases.values():
+            if lease.count == 0:  # e.g. a slab holding only tensors that were dropped
+                self._release(lease.key)
+        return batch
+
+    def close(self) -> None:
+        for mapping in self._maps.values():
+            with contextlib.suppress(BufferError):  # the user still holds tensors over it
+                mapping.close()
+        self._maps.clear()

@@ -1,0 +1,241 @@
+"""Worker side: one module-level entry point per worker kind, one loop shared by both.
+
+A worker receives one frozen, picklable :class:`WorkerConfig`, seeds itself, runs the user's
+``worker_init_fn``, then answers :class:`~ferry._engine.messages.Fetch` messages with batches
+made by the same fetch path the main process uses (:mod:`ferry._engine.fetch`).
+
+Process workers ignore SIGINT (Ctrl-C is the main process's to handle) and watch their parent:
+a reader thread drains the connection so the main process never blocks sending, and exits the
+worker at once if the parent is gone (the connection closes, or the parent pid changes).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import random
+import signal
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
+from typing import Any
+
+import torch
+
+from ferry._engine.alloc import Allocator, using_allocator
+from ferry._engine.fetch import make_fetcher
+from ferry._engine.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
+from ferry._engine.messages import (
+    Done,
+    Exhausted,
+    Failed,
+    Fetch,
+    NewSlab,
+    Ready,
+    Resume,
+    Stop,
+)
+from ferry._engine.shm import SLABS_SUPPORTED, SlabAllocator, encode_batch
+
+__all__ = ["WorkerConfig", "process_worker_main", "thread_worker_main"]
+
+# How often a process worker checks that its parent is still alive.
+PARENT_CHECK_INTERVAL = 0.25
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs, sent once when it starts."""
+
+    worker_id: int
+    num_workers: int
+    base_seed: int
+    dataset: Any
+    iterable: bool
+    auto_collation: bool
+    collate_fn: Callable[[Any], Any]
+    drop_last: bool
+    worker_init_fn: Callable[[int], None] | None
+    parent_pid: int
+
+    @property
+    def seed(self) -> int:
+        return self.base_seed + self.worker_id
+
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(self.worker_id, self.num_workers, self.seed, self.dataset)
+
+
+def seed_process(config: WorkerConfig) -> None:
+    """torch's seed is ``base_seed + worker_id`` (as in torch); Python's ``random`` gets the same,
+    and numpy's global generator a seed derived from both, so no two workers of a loader, nor
+    two epochs, share a random stream."""
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    try:
+        import numpy as np
+    except ImportError:
+        return
+    sequence = np.random.SeedSequence([config.base_seed, config.worker_id])
+    np.random.seed(int(sequence.generate_state(1)[0]))
+
+
+def failure(task: int | None, worker_id: int, exc: BaseException) -> Failed:
+    """Describe an exception raised by user code so the main process can raise it again."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    blob: bytes | None
+    try:
+        blob = pickle.dumps(exc)
+        pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
+    except Exception:
+        blob = None
+    name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    return Failed(task, worker_id, os.getpid(), name, str(exc), text, blob)
+
+
+def run_worker_loop(
+    config: WorkerConfig,
+    *,
+    receive: Callable[[], Any],
+    send: Callable[[Any], None],
+    allocator: Allocator | None,
+    slabs: SlabAllocator | None,
+    send_slab: Callable[[int], None] | None,
+) -> None:
+    """Answer tasks until :class:`Stop`. Shared by process and thread workers."""
+    try:
+        if config.worker_init_fn is not None:
+            config.worker_init_fn(config.worker_id)
+        fetcher = make_fetcher(
+            config.dataset,
+            config.iterable,
+            config.auto_collation,
+            config.collate_fn,
+            config.drop_last,
+        )
+    except BaseException as exc:
+        send(failure(None, config.worker_id, exc))
+        return
+    send(Ready(config.worker_id, os.getpid()))
+    while True:
+        message = receive()
+        if isinstance(message, Stop):
+            return
+        if isinstance(message, Resume):
+            if slabs is not None:
+                slabs.begin(message.freed)
+            fetcher = make_fetcher(
+                config.dataset,
+                config.iterable,
+                config.auto_collation,
+                config.collate_fn,
+                config.drop_last,
+            )
+            continue
+        assert isinstance(message, Fetch)
+        if slabs is not None:
+            slabs.begin(message.freed)
+        try:
+            with using_allocator(allocator):
+                batch = fetcher.fetch(message.key)
+            if slabs is None:
+                send(Done(message.task, batch))
+                continue
+            payload, used = encode_batch(batch, slabs)
+        except StopIteration:
+            if slabs is not None:
+                slabs.abandon()
+            if not config.iterable:
+                raise
+            send(Exhausted(message.task))
+            continue
+        except Exception as exc:
+            if slabs is not None:
+                slabs.abandon()
+            send(failure(message.task, config.worker_id, exc))
+            continue
+        for slab in used:
+            if not slab.announced:
+                send(NewSlab(slab.id, slab.size))
+                assert send_slab is not None
+                send_slab(slab.fd)
+                slab.announced = True
+        send(Done(message.task, payload, tuple(s.id for s in used)))
+
+
+def _watch_parent(conn: Connection, inbox: queue.SimpleQueue[Any], parent_pid: int) -> None:
+    """Reader thread of a process worker: drain the connection, and end the worker at once if
+    the main process is gone (its end of the connection closed, or we were re-parented)."""
+    while True:
+        try:
+            if conn.poll(PARENT_CHECK_INTERVAL):
+                message = conn.recv()
+                inbox.put(message)
+                if isinstance(message, Stop):
+                    return
+        except (EOFError, OSError):
+            os._exit(0)
+        if os.getppid() != parent_pid:
+            os._exit(0)
+
+
+def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
+    """Entry point of a worker process (module-level so every start method can reach it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    seed_process(config)
+    set_process_worker_info(config.info())
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    reader = threading.Thread(
+        target=_watch_parent,
+        args=(conn, inbox, config.parent_pid),
+        name=f"ferry-worker-{config.worker_id}-reader",
+        daemon=True,
+    )
+    reader.start()
+    slabs = SlabAllocator() if SLABS_SUPPORTED else None
+
+    def send_slab(fd: int) -> None:
+        send_handle(conn, fd, os.getppid())
+
+    try:
+        run_worker_loop(
+            config,
+            receive=inbox.get,
+            send=conn.send,
+            allocator=slabs,
+            slabs=slabs,
+            send_slab=send_slab,
+        )
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        pass  # the main process went away mid-send; nothing is left to tell it
+    finally:
+        if slabs is not None:
+            slabs.close()
+
+
+def thread_worker_main(
+    config: WorkerConfig,
+    inbox: queue.SimpleQueue[Any],
+    outbox: queue.SimpleQueue[Any],
+    allocator: Allocator,
+) -> None:
+    """Entry point of a worker thread: same loop, objects passed as they are."""
+    set_thread_worker_info(config.info())
+    worker_id = config.worker_id
+
+    def send(message: Any) -> None:
+        outbox.put((worker_id, message))
+
+    try:
+        run_worker_loop(
+            config, receive=inbox.get, send=send, allocator=allocator, slabs=None, send_slab=None
+        )
+    except BaseException as exc:  # a bug of ours: let the main thread see it rather than hang
+        send(failure(None, worker_id, exc))
+    finally:
+        set_thread_worker_info(None)

@@ -1,0 +1,95 @@
+"""Errors of worker loading, and how a worker's exception is raised again in the main process.
+
+An exception raised by user code in a worker (``__getitem__``, ``__iter__``, ``collate_fn``,
+``worker_init_fn``) reaches the training loop as the same exception type, with notes naming the
+worker id, its pid, the indices it was fetching, and the worker's own traceback.
+
+Example::
+
+    >>> try:
+    ...     next(iter(DataLoader(BrokenDataset(), num_workers=2)))
+    ... except KeyError as exc:
+    ...     print(exc.__notes__[0])
+    raised in DataLoader worker 0 (pid 4242) while fetching indices [0]
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+from typing import Any
+
+__all__ = ["WorkerDied", "WorkerTimeout", "add_note", "describe_key"]
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (Python >= 3.11), or the same ``__notes__`` list on 3.10."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+        return
+    notes = getattr(exc, "__notes__", None)
+    if notes is None:
+        notes = []
+        exc.__notes__ = notes  # type: ignore[attr-defined]
+    notes.append(note)
+
+
+def describe_key(key: Any, iterable: bool, limit: int = 16) -> str:
+    """What a task was fetching, for error messages."""
+    if iterable:
+        return "the next batch of its dataset stream" if key else "the next sample of its stream"
+    if hasattr(key, "tolist"):
+        key = key.tolist()
+    if isinstance(key, list):
+        shown = ", ".join(repr(k) for k in key[:limit])
+        more = f", ... ({len(key)} in all)" if len(key) > limit else ""
+        return f"indices [{shown}{more}]"
+    return f"index {key!r}"
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended without being asked to (killed, crashed, out of memory)."""
+
+    def __init__(self, worker_id: int, pid: int | None, exitcode: int | None, in_flight: str):
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
+        if exitcode is not None and exitcode < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-exitcode).name}"
+            except ValueError:
+                how = f"was killed by signal {-exitcode}"
+            if exitcode == -signal.SIGKILL:
+                how += " (often the kernel's out-of-memory killer: check dmesg)"
+        else:
+            how = f"exited with code {exitcode}"
+        super().__init__(
+            f"DataLoader worker {worker_id} (pid {pid}) {how} while fetching {in_flight}"
+        )
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_died, (self.worker_id, self.pid, self.exitcode, str(self)))
+
+
+def _rebuild_died(worker_id: int, pid: int | None, exitcode: int | None, text: str) -> Any:
+    exc = WorkerDied.__new__(WorkerDied)
+    RuntimeError.__init__(exc, text)
+    exc.worker_id, exc.pid, exc.exitcode = worker_id, pid, exitcode
+    return exc
+
+
+class WorkerTimeout(RuntimeError):
+    """No batch came from a worker within the loader's ``timeout``."""
+
+
+def rebuild_exception(blob: bytes | None, type_name: str, message: str) -> BaseException:
+    """The worker's exception object, or a RuntimeError standing in for one that could not
+    travel (an exception class that cannot be pickled or rebuilt)."""
+    if blob is not None:
+        try:
+            exc = pickle.loads(blob)
+            if isinstance(exc, BaseException):
+                return exc
+        except Exception:
+            pass
+    return RuntimeError(f"{type_name}: {message}")
