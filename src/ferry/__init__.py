@@ -16,6 +16,7 @@ from ferry.datasets import (
     TensorDataset,
     random_split,
 )
+from ferry.distributed import DistributedSampler
 from ferry.loader import DataLoader
 from ferry.samplers import (
     BatchSampler,
@@ -34,6 +35,7 @@ __all__ = [
     "ConcatDataset",
     "DataLoader",
     "Dataset",
+    "DistributedSampler",
     "IterableDataset",
     "RandomSampler",
     "Sampler",

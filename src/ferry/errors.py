@@ -61,6 +61,8 @@ class WorkerDied(RuntimeError):
                 how = f"was killed by signal {-exitcode}"
             if exitcode == -signal.SIGKILL:
                 how += " (often the kernel's out-of-memory killer: check dmesg)"
+            elif exitcode == -signal.SIGBUS:
+                how += " (often shared memory ran out: check free memory and /dev/shm size)"
         else:
             how = f"exited with code {exitcode}"
         super().__init__(

@@ -36,6 +36,7 @@ from ferry._engine.iterator import LoaderIterator, epoch_keys
 from ferry._engine.messages import Done, Exhausted, Failed, Fetch, NewSlab, Ready, Resume, Stop
 from ferry._engine.shm import SlabMaps
 from ferry._engine.worker import WorkerConfig, process_worker_main, thread_worker_main
+from ferry.distributed import _process_group_rank_world as process_group_rank_world
 from ferry.errors import WorkerDied, WorkerTimeout, add_note, describe_key, rebuild_exception
 
 if TYPE_CHECKING:
@@ -230,6 +231,7 @@ class WorkerIterator(LoaderIterator):
                 drop_last=loader.drop_last,
                 worker_init_fn=loader.worker_init_fn,
                 parent_pid=os.getpid(),
+                rank_world=process_group_rank_world(),
             )
             for i in range(self._num_workers)
         ]
@@ -375,12 +377,13 @@ class WorkerIterator(LoaderIterator):
             self._finalizer()
             raise exc
         task_number: int = message.task
-        self._in_flight[worker_id] -= 1
         if task_number < self._first_task:
-            # From an abandoned epoch: dropped unread, so its slabs go straight back.
+            # From an abandoned epoch (in-flight counts were reset when the new one began):
+            # dropped unread, so its slabs go straight back.
             if isinstance(message, Done) and message.slabs:
                 self._workers[worker_id].slabs.release(message.slabs)
             return
+        self._in_flight[worker_id] -= 1
         if isinstance(message, Exhausted):
             self._active[worker_id] = False
             self._tasks.pop(task_number, None)  # already skipped if its turn came first

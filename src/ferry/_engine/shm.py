@@ -54,7 +54,14 @@ class Slab:
         self.size = size
         self.fd = os.memfd_create(f"ferry-slab-{slab_id}", os.MFD_CLOEXEC)
         try:
+            available = _available_memory()
+            if available is not None and size > available:
+                raise OSError(f"{size} bytes asked, {available} available")
             os.ftruncate(self.fd, size)
+            # Commit the memory now: otherwise running out shows up later as a SIGBUS in the
+            # middle of collate. Slabs are reused, so this is paid once per slab.
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(self.fd, 0, size)
             self.map = mmap.mmap(self.fd, size)
         except OSError as exc:
             os.close(self.fd)
@@ -72,12 +79,28 @@ class Slab:
         os.close(self.fd)
 
 
+def _available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable), if known.
+
+    Checked before committing a slab: committing more than this would wake the OOM killer
+    instead of failing cleanly.
+    """
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _out_of_shared_memory(size: int) -> OSError:
     return OSError(
-        f"ferry could not get {size} bytes of shared memory for a batch. Shared memory is "
-        "limited by the size of /dev/shm (containers often mount only 64 MB: run docker with "
-        "--shm-size=2g or --ipc=host) and by RAM. Lower batch_size, num_workers or "
-        "prefetch_factor, or use worker_type='thread', which needs no shared memory."
+        f"ferry could not get {size} bytes of shared memory for a batch from a worker process: "
+        "the machine (or the container's memory limit) has too little free memory. Lower "
+        "batch_size, num_workers or prefetch_factor, drop batches you no longer need sooner, "
+        "or use worker_type='thread', which needs no shared memory."
     )
 
 

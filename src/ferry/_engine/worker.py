@@ -40,6 +40,7 @@ from ferry._engine.messages import (
     Stop,
 )
 from ferry._engine.shm import SLABS_SUPPORTED, SlabAllocator, encode_batch
+from ferry.distributed import _inherit_rank_world as inherit_rank_world
 
 __all__ = ["WorkerConfig", "process_worker_main", "thread_worker_main"]
 
@@ -61,6 +62,9 @@ class WorkerConfig:
     drop_last: bool
     worker_init_fn: Callable[[int], None] | None
     parent_pid: int
+    # The main process's (rank, world size) in torch.distributed, for ferry.distributed.shard:
+    # a spawned worker is not in the process group itself.
+    rank_world: tuple[int, int] | None = None
 
     @property
     def seed(self) -> int:
@@ -189,6 +193,7 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
     torch.set_num_threads(1)
     seed_process(config)
     set_process_worker_info(config.info())
+    inherit_rank_world(config.rank_world)
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     reader = threading.Thread(
         target=_watch_parent,

@@ -1,0 +1,317 @@
+"""Reading one dataset from many processes: :class:`DistributedSampler`, :func:`shard`.
+
+In data-parallel training (``torch.nn.parallel.DistributedDataParallel``) every process, or
+*rank*, trains on its own part of the data. :class:`DistributedSampler` splits a map-style
+dataset's indices between the ranks of a ``torch.distributed`` process group, yielding for the
+same arguments exactly the indices torch's ``DistributedSampler`` yields on each rank.
+:func:`shard` does the same for a stream (an iterable dataset), across ranks and the loader's
+workers together.
+
+The number of ranks and this process's rank come from the default process group
+(``torch.distributed.init_process_group``) unless given.
+
+Example, on each rank of a group of two::
+
+    >>> sampler = DistributedSampler(range(5), shuffle=False)
+    >>> list(sampler)  # rank 0; rank 1 gets [1, 3, 0]
+    [0, 2, 4]
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from collections.abc import Iterable, Iterator, Sized
+from typing import SupportsIndex, TypeVar
+
+import torch
+import torch.distributed
+
+from ferry._engine.info import get_worker_info
+from ferry.samplers import _CHUNKED_ITER, Sampler
+
+__all__ = ["DistributedSampler", "NoProcessGroupError", "shard", "shard_info"]
+
+T = TypeVar("T")
+
+
+class NoProcessGroupError(RuntimeError, ValueError):
+    """Raised when the rank or world size was not given and no process group can supply it.
+
+    Both a ``RuntimeError`` and a ``ValueError``: torch raises the first when
+    ``torch.distributed`` is not built in and the second when no default process group was
+    initialised, and code written against torch may catch either.
+    """
+
+
+def _process_group_rank_world() -> tuple[int, int] | None:
+    """``(rank, world_size)`` of this process's default process group, or None without one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return None
+
+
+class _Inherited:
+    """The main process's ``(rank, world_size)``, handed to a process worker at start-up.
+
+    A worker started with spawn or forkserver has no process group of its own, yet its share
+    of a stream depends on its parent's rank.
+    """
+
+    rank_world: tuple[int, int] | None = None
+
+
+def _inherit_rank_world(rank_world: tuple[int, int] | None) -> None:
+    """Record the parent's ``(rank, world_size)`` in a process worker, before user code runs.
+
+    The loader captures the value with :func:`_process_group_rank_world` in the main process
+    and passes it in the worker's start-up configuration.
+    """
+    _Inherited.rank_world = rank_world
+
+
+def _rank_world() -> tuple[int, int]:
+    """``(rank, world_size)`` to shard a stream by: the group's, else the parent's, else (0, 1)."""
+    here = _process_group_rank_world()
+    if here is not None:
+        return here
+    if _Inherited.rank_world is not None:
+        return _Inherited.rank_world
+    return 0, 1
+
+
+def _required_from_group(option: str) -> tuple[int, int]:
+    here = _process_group_rank_world()
+    if here is not None:
+        return here
+    reason = (
+        "torch.distributed is not available in this build of torch"
+        if not torch.distributed.is_available()
+        else "no default process group is initialised "
+        "(call torch.distributed.init_process_group first)"
+    )
+    raise NoProcessGroupError(
+        f"DistributedSampler needs {option} from the default process group, but {reason}; "
+        "or pass num_replicas and rank explicitly"
+    )
+
+
+def _as_int(name: str, value: object) -> int:
+    """``value`` as an ``int``: any integer type (numpy's too), never a bool or a float."""
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    return operator.index(value)
+
+
+def _as_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return value
+
+
+class DistributedSampler(Sampler[int]):
+    """Yields the part of a map-style dataset's indices that belongs to one rank.
+
+    The indices ``0 .. len(dataset) - 1`` (shuffled with a generator seeded with
+    ``seed + epoch`` when ``shuffle`` is true) are dealt round-robin: rank ``r`` of ``R`` gets
+    positions ``r, r + R, r + 2R, ...``. Every rank yields the same number of indices, so that
+    the ranks of a DDP job run the same number of steps:
+
+    - ``drop_last=False`` (default): the list is first extended by repeating it from the start
+      (as many times as needed when the dataset is smaller than the number of ranks), so a few
+      samples are seen twice per epoch.
+    - ``drop_last=True``: the tail that does not divide evenly is left out for this epoch.
+
+    For the same arguments each rank yields exactly what torch's
+    ``torch.utils.data.distributed.DistributedSampler`` yields. Call :meth:`set_epoch` at the
+    start of every epoch, on every rank, or each epoch repeats the first one's order.
+
+    Args:
+        dataset: anything with a ``len()``; its length must not change.
+        num_replicas: number of ranks; the default process group's world size when None.
+        rank: this process's rank in ``[0, num_replicas)``; the process group's when None.
+        shuffle: shuffle the indices every epoch (the same way on every rank).
+        seed: the shuffle's seed; must be the same on every rank.
+        drop_last: leave out the uneven tail instead of repeating indices to even it out.
+        pad: ferry only, keyword-only. With ``pad=False`` (and ``drop_last=False``) nothing
+            is repeated: every index is yielded exactly once across all ranks, and the first
+            ``len(dataset) % num_replicas`` ranks yield one index more than the others. Ranks
+            then run different numbers of steps, which a DDP training loop must allow for
+            (``torch.distributed.algorithms.Join``); it suits evaluation, where a repeated
+            sample would skew a metric. With ``drop_last=True`` nothing is repeated anyway,
+            and ``pad`` has no effect.
+
+    Raises:
+        NoProcessGroupError: ``num_replicas`` or ``rank`` is None and there is no default
+            process group (a ``RuntimeError`` and a ``ValueError``, like torch's).
+        ValueError: ``num_replicas`` is not positive, or ``rank`` is outside
+            ``[0, num_replicas)``.
+        TypeError: an option has the wrong type, or ``dataset`` has no length.
+
+    Example::
+
+        >>> sampler = DistributedSampler(range(5), num_replicas=2, rank=1)
+        >>> sampler.set_epoch(0)
+        >>> list(sampler), len(sampler)
+        ([0, 3, 4], 3)
+        >>> list(DistributedSampler(range(5), num_replicas=2, rank=1, pad=False))
+        [0, 3]
+    """
+
+    dataset: Sized
+    num_replicas: int
+    rank: int
+    epoch: int
+    num_samples: int
+    total_size: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    pad: bool
+
+    def __init__(  # noqa: PLR0917 - torch's signature: all six are positional there
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        *,
+        pad: bool = True,
+    ) -> None:
+        if num_replicas is None:
+            num_replicas = _required_from_group("num_replicas")[1]
+        if rank is None:
+            rank = _required_from_group("rank")[0]
+        num_replicas = _as_int("num_replicas", num_replicas)
+        rank = _as_int("rank", rank)
+        if num_replicas <= 0:
+            raise ValueError(f"num_replicas must be a positive integer, got {num_replicas}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, num_replicas) = [0, {num_replicas}), got {rank}")
+        try:
+            length = len(dataset)
+        except TypeError:
+            raise TypeError(
+                "DistributedSampler needs a dataset with a length (a map-style dataset), "
+                f"got {type(dataset).__name__}; for a stream, use ferry.distributed.shard"
+            ) from None
+
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self.shuffle = _as_bool("shuffle", shuffle)
+        self.seed = _as_int("seed", seed)
+        self.drop_last = _as_bool("drop_last", drop_last)
+        self.pad = _as_bool("pad", pad)
+        self._length = length
+
+        if drop_last:
+            # Only whole rounds of num_replicas: the tail is dropped.
+            self.total_size = length // num_replicas * num_replicas
+            self.num_samples = self.total_size // num_replicas
+        elif pad:
+            self.num_samples = math.ceil(length / num_replicas)
+            self.total_size = self.num_samples * num_replicas
+        else:
+            self.total_size = length
+            self.num_samples = len(range(rank, length, num_replicas))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch, which with ``seed`` decides the shuffle; call it on every rank.
+
+        Example::
+
+            >>> for epoch in range(3):
+            ...     sampler.set_epoch(epoch)
+            ...     for batch in loader: ...
+        """
+        self.epoch = _as_int("epoch", epoch)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        for chunk in self._index_chunks():
+            yield from chunk.tolist()
+
+    def _index_chunks(self) -> Iterator[torch.Tensor]:
+        """This rank's indices as one 1-D ``int64`` tensor (the sequence ``__iter__`` yields)."""
+        length = len(self.dataset)
+        if length != self._length:
+            raise RuntimeError(
+                f"the dataset's length changed from {self._length} to {length} after the "
+                "DistributedSampler was built; the split between ranks is fixed at "
+                "construction, so build a new sampler for the new length"
+            )
+        # Positions in the (virtually repeated or truncated) list of total_size indices.
+        positions = torch.arange(self.num_samples, dtype=torch.int64)
+        positions.mul_(self.num_replicas).add_(self.rank)
+        if self.total_size > length:
+            positions.remainder_(length)  # padding repeats the list from its start
+        if not self.shuffle:
+            yield positions
+            return
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        yield torch.randperm(length, generator=generator)[positions]
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(len(dataset)={self._length}, num_replicas="
+            f"{self.num_replicas}, rank={self.rank}, shuffle={self.shuffle}, seed={self.seed}, "
+            f"drop_last={self.drop_last}, pad={self.pad}, epoch={self.epoch})"
+        )
+
+
+def shard_info() -> tuple[int, int]:
+    """``(slot, total)``: which share of a stream the caller reads, and how many shares there are.
+
+    There is one share per (rank, worker) pair: ``total = world_size * num_workers`` and
+    ``slot = rank * num_workers + worker_id``. The rank and world size come from the default
+    process group (in a loader's process worker, from the main process's group), or are 0 and 1
+    without one; the worker from :func:`ferry.get_worker_info` (0 of 1 in the main process).
+
+    Example::
+
+        >>> shard_info()  # one process, no workers
+        (0, 1)
+    """
+    rank, world_size = _rank_world()
+    worker = get_worker_info()
+    worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
+    return rank * num_workers + worker_id, world_size * num_workers
+
+
+def shard(iterable: Iterable[T]) -> Iterator[T]:
+    """Yields the caller's share of ``iterable``: every ``total``-th item from ``slot`` on.
+
+    ``(slot, total)`` is :func:`shard_info`, read when iteration starts, so call it inside an
+    iterable dataset's ``__iter__``: all ranks and all their workers then read disjoint shares
+    that together cover the stream once. Each share still walks the whole stream and skips the
+    items of the others; when items are costly to produce, shard something cheaper (a list of
+    file names, say) and open only the files of your share. Shares differ in length by at most
+    one item; with DDP, make every rank run the same number of steps (see
+    ``docs/distributed.md``).
+
+    Example::
+
+        >>> class Lines(IterableDataset):
+        ...     def __init__(self, paths):
+        ...         self.paths = paths
+        ...     def __iter__(self):
+        ...         for path in shard(self.paths):  # each rank and worker, its own files
+        ...             with open(path) as f:
+        ...                 yield from f
+    """
+    slot, total = shard_info()
+    yield from itertools.islice(iterable, slot, None, total)
+
+
+# The loader's tensor path (ferry.samplers.index_chunks) may use _index_chunks, since __iter__
+# is exactly their concatenation. Registered here: samplers.py cannot import this module, which
+# imports it, and any DistributedSampler in use means this module was imported.
+_CHUNKED_ITER[DistributedSampler] = DistributedSampler.__iter__
