@@ -29,7 +29,7 @@ import torch
 import torch.distributed
 
 from ferry._engine.info import get_worker_info
-from ferry.samplers import _CHUNKED_ITER, Sampler
+from ferry.samplers import TensorChunkSampler
 
 __all__ = ["DistributedSampler", "NoProcessGroupError", "shard", "shard_info"]
 
@@ -110,7 +110,7 @@ def _as_bool(name: str, value: object) -> bool:
     return value
 
 
-class DistributedSampler(Sampler[int]):
+class DistributedSampler(TensorChunkSampler):
     """Yields the part of a map-style dataset's indices that belongs to one rank.
 
     The indices ``0 .. len(dataset) - 1`` (shuffled with a generator seeded with
@@ -234,10 +234,6 @@ class DistributedSampler(Sampler[int]):
     def __len__(self) -> int:
         return self.num_samples
 
-    def __iter__(self) -> Iterator[int]:
-        for chunk in self._index_chunks():
-            yield from chunk.tolist()
-
     def _index_chunks(self) -> Iterator[torch.Tensor]:
         """This rank's indices as one 1-D ``int64`` tensor (the sequence ``__iter__`` yields)."""
         length = len(self.dataset)
@@ -309,9 +305,3 @@ def shard(iterable: Iterable[T]) -> Iterator[T]:
     """
     slot, total = shard_info()
     yield from itertools.islice(iterable, slot, None, total)
-
-
-# The loader's tensor path (ferry.samplers.index_chunks) may use _index_chunks, since __iter__
-# is exactly their concatenation. Registered here: samplers.py cannot import this module, which
-# imports it, and any DistributedSampler in use means this module was imported.
-_CHUNKED_ITER[DistributedSampler] = DistributedSampler.__iter__

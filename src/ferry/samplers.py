@@ -33,6 +33,7 @@ __all__ = [
     "Sampler",
     "SequentialSampler",
     "SubsetRandomSampler",
+    "TensorChunkSampler",
     "WeightedRandomSampler",
     "index_batches",
     "index_chunks",
@@ -74,6 +75,22 @@ class Sampler(Generic[T_co]):
         raise NotImplementedError(f"{type(self).__name__} must define __iter__")
 
 
+class TensorChunkSampler(Sampler[int]):
+    """Base of samplers whose keys are made as 1-D ``int64`` tensors by ``_index_chunks``.
+
+    Iterating yields those tensors' elements as Python ints; the loader may instead take the
+    tensors themselves (:func:`index_chunks`), as long as a subclass does not override
+    ``__iter__``.
+    """
+
+    def __iter__(self) -> Iterator[int]:
+        for chunk in self._index_chunks():
+            yield from chunk.tolist()
+
+    def _index_chunks(self) -> Iterator[torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} must define _index_chunks")
+
+
 def _fresh_generator() -> torch.Generator:
     """A generator seeded from torch's global RNG, consuming one draw of it (as torch does)."""
     seed = int(torch.empty((), dtype=torch.int64).random_().item())
@@ -100,7 +117,7 @@ class SequentialSampler(Sampler[int]):
         yield torch.arange(len(self.data_source), dtype=torch.int64)
 
 
-class RandomSampler(Sampler[int]):
+class RandomSampler(TensorChunkSampler):
     """Yields indices in random order: a permutation, or draws with replacement.
 
     Without replacement, ``num_samples`` larger than the dataset yields whole permutations one
@@ -138,10 +155,6 @@ class RandomSampler(Sampler[int]):
             return len(self.data_source)
         return self._num_samples
 
-    def __iter__(self) -> Iterator[int]:
-        for chunk in self._index_chunks():
-            yield from chunk.tolist()
-
     def __len__(self) -> int:
         return self.num_samples
 
@@ -160,8 +173,8 @@ class RandomSampler(Sampler[int]):
             return
         for _ in range(count // n):
             yield torch.randperm(n, generator=generator)
-        if count % n:
-            yield torch.randperm(n, generator=generator)[: count % n]
+        # Drawn even when empty, as torch does: it advances the generator for the next epoch.
+        yield torch.randperm(n, generator=generator)[: count % n]
 
 
 class SubsetRandomSampler(Sampler[Any]):
@@ -181,7 +194,7 @@ class SubsetRandomSampler(Sampler[Any]):
         return len(self.indices)
 
 
-class WeightedRandomSampler(Sampler[int]):
+class WeightedRandomSampler(TensorChunkSampler):
     """Yields ``num_samples`` indices in ``[0, len(weights))`` drawn with the given weights.
 
     Weights need not sum to one. Without replacement an index is drawn at most once, so
@@ -211,10 +224,6 @@ class WeightedRandomSampler(Sampler[int]):
         self.num_samples = num_samples
         self.replacement = replacement
         self.generator = generator
-
-    def __iter__(self) -> Iterator[int]:
-        for chunk in self._index_chunks():
-            yield from chunk.tolist()
 
     def __len__(self) -> int:
         return self.num_samples
@@ -264,24 +273,18 @@ class BatchSampler(Sampler[list[Any]]):
         return (count + self.batch_size - 1) // self.batch_size
 
 
-# The samplers above whose ``__iter__`` is exactly "the concatenation of ``_index_chunks``".
-# A subclass that overrides ``__iter__`` is not in this table's sense chunkable any more.
-_CHUNKED_ITER = {
-    SequentialSampler: SequentialSampler.__iter__,
-    RandomSampler: RandomSampler.__iter__,
-    WeightedRandomSampler: WeightedRandomSampler.__iter__,
-}
-
-
 def index_chunks(sampler: object) -> Iterator[torch.Tensor] | None:
     """The sampler's keys as 1-D ``int64`` tensors, or None when it cannot give them so.
 
     Draws from the generator exactly as iterating the sampler would, lazily: nothing is drawn
-    until the first chunk is asked for.
+    until the first chunk is asked for. A subclass that overrides ``__iter__`` decides its keys
+    itself, so it gets None.
     """
-    for cls, iter_fn in _CHUNKED_ITER.items():
-        if isinstance(sampler, cls) and getattr(type(sampler), "__iter__", None) is iter_fn:
-            return sampler._index_chunks()  # type: ignore[attr-defined, no-any-return]
+    iter_fn = getattr(type(sampler), "__iter__", None)
+    if isinstance(sampler, SequentialSampler) and iter_fn is SequentialSampler.__iter__:
+        return sampler._index_chunks()
+    if isinstance(sampler, TensorChunkSampler) and iter_fn is TensorChunkSampler.__iter__:
+        return sampler._index_chunks()
     return None
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ferry._engine.alloc import Allocator, using_allocator
-from ferry._engine.fetch import make_fetcher
+from ferry._engine.fetch import IterableFetcher, MapFetcher, make_fetcher
 from ferry._engine.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
 from ferry._engine.messages import (
     Done,
@@ -73,6 +73,12 @@ class WorkerConfig:
     def info(self) -> WorkerInfo:
         return WorkerInfo(self.worker_id, self.num_workers, self.seed, self.dataset)
 
+    def fetcher(self) -> MapFetcher | IterableFetcher:
+        """A fresh fetcher (for iterable datasets: a fresh stream) over this worker's dataset."""
+        return make_fetcher(
+            self.dataset, self.iterable, self.auto_collation, self.collate_fn, self.drop_last
+        )
+
 
 def seed_process(config: WorkerConfig) -> None:
     """torch's seed is ``base_seed + worker_id`` (as in torch); Python's ``random`` gets the same,
@@ -114,13 +120,7 @@ def run_worker_loop(
     try:
         if config.worker_init_fn is not None:
             config.worker_init_fn(config.worker_id)
-        fetcher = make_fetcher(
-            config.dataset,
-            config.iterable,
-            config.auto_collation,
-            config.collate_fn,
-            config.drop_last,
-        )
+        fetcher = config.fetcher()
     except BaseException as exc:
         send(failure(None, config.worker_id, exc))
         return
@@ -132,13 +132,7 @@ def run_worker_loop(
         if isinstance(message, Resume):
             if slabs is not None:
                 slabs.begin(message.freed)
-            fetcher = make_fetcher(
-                config.dataset,
-                config.iterable,
-                config.auto_collation,
-                config.collate_fn,
-                config.drop_last,
-            )
+            fetcher = config.fetcher()
             continue
         assert isinstance(message, Fetch)
         if slabs is not None:
