@@ -24,7 +24,7 @@ unit: $(VENV)/.installed
 test: lint typecheck unit
 
 bench: $(VENV)/.installed
-	$(PY) -m ferry bench
+	$(PY) -m ferry bench --json bench-results/bench.json --plot bench-results/bench.png
 
 bench-quick: $(VENV)/.installed
 	$(PY) -m ferry bench --quick

@@ -1,0 +1,16 @@
+"""``python -m ferry bench``: ferry's loader against torch's, side by side, on built-in workloads.
+
+- :mod:`ferry.bench.workloads`: the datasets (made on the fly, nothing downloaded).
+- :mod:`ferry.bench.measure`: how CPU, memory and the memcpy bound are measured, and why so.
+- :mod:`ferry.bench.runner`: alternation of the loaders, warm-up, repetitions, timed window.
+- :mod:`ferry.bench.results`: the figures of a run, their medians, the rows of the report.
+- :mod:`ferry.bench.report`: the table, the ``--json`` document and the ``--plot`` chart.
+- :mod:`ferry.bench.cli`: the options of the ``bench`` subcommand.
+
+This is the one part of ferry that imports ``torch.utils.data`` (as the baseline), and only
+inside the function that runs torch's side.
+
+Example::
+
+    $ python -m ferry bench --quick --only tensor,image --workers 0 --json out/bench.json
+"""

@@ -1,0 +1,192 @@
+"""The ``bench`` subcommand: parse the options, run the suite, print and save the report.
+
+Exit codes: 0 when every row ran, 1 when some row failed (its error is in the table), 2 for
+bad arguments or a missing optional dependency, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from ferry.bench.report import (
+    MissingExtra,
+    format_table,
+    metadata,
+    require_matplotlib,
+    to_json,
+    write_plot,
+)
+from ferry.bench.runner import Config, run_suite
+from ferry.bench.workloads import WORKLOADS
+
+__all__ = ["config_from_args", "configure", "run"]
+
+DESCRIPTION = """\
+Runs built-in workloads (data made on the fly, nothing downloaded) through
+torch.utils.data.DataLoader and ferry.DataLoader with identical arguments, alternating the two,
+and prints a table of medians: batches/s and their ratio, CPU per batch, peak memory, time to
+the first batch, and the memcpy bound of each batch's bytes."""
+
+
+def _workload_names(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in WORKLOADS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown workload {', '.join(map(repr, unknown)) or repr(text)}; "
+            f"choose from {', '.join(WORKLOADS)}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def _worker_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or any(count < 0 for count in counts):
+        raise argparse.ArgumentTypeError(
+            f"expected a worker count >= 0 (or several, comma-separated), got {text!r}"
+        )
+    return tuple(dict.fromkeys(counts))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: no limit), got {text!r}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` options to ``parser``."""
+    parser.description = DESCRIPTION
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    listing = "\n".join(f"  {w.name:<8} {w.summary}" for w in WORKLOADS.values())
+    parser.epilog = f"workloads:\n{listing}\n\nexit status: 0 all rows ran, 1 a row failed, 2 usage"
+    add = parser.add_argument
+    add("--quick", action="store_true", help="small, fast configuration (1 rep + warm-up); CI")
+    add("--only", type=_workload_names, metavar="NAME[,NAME]", help="run only these workloads")
+    add("--workers", type=_worker_counts, metavar="N[,N]", help="worker counts (default: 0,2)")
+    add("--reps", type=_positive_int, metavar="N", help="measured runs per side (default 3)")
+    add("--batch-size", type=_positive_int, metavar="N", help="override every batch size")
+    add("--json", type=Path, metavar="PATH", help="write the results as JSON")
+    add("--plot", type=Path, metavar="PATH", help="write a PNG chart of the ratios (matplotlib)")
+    add(
+        "--timeout",
+        type=_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="a run taking longer fails its row (default 300; 0: no limit)",
+    )
+    add(
+        "--candidate",
+        choices=("ferry", "torch"),
+        default="ferry",
+        help="the loader measured against torch's; 'torch' is an A/A check of the harness",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The :class:`Config` the parsed options describe."""
+    reps = args.reps if args.reps is not None else (1 if args.quick else 3)
+    return Config(
+        workloads=args.only or tuple(WORKLOADS),
+        workers=args.workers if args.workers is not None else (0, 2),
+        reps=reps,
+        quick=args.quick,
+        batch_size=args.batch_size,
+        timeout_s=args.timeout,
+        candidate=args.candidate,
+    )
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average, or None where the system does not report one."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _prepare_output(path: Path | None, option: str) -> str | None:
+    """Create ``path``'s directory up front, so a long run does not fail at the end."""
+    if path is None:
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"{option}: cannot create the directory of {str(path)!r}: {exc.strerror}"
+    if path.is_dir():
+        return f"{option}: {str(path)!r} is a directory"
+    return None
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run the benchmark the parsed ``args`` describe; ``argv`` is recorded in the metadata."""
+    try:
+        if args.plot is not None:
+            require_matplotlib()
+    except MissingExtra as exc:
+        print(f"ferry bench: {exc}", file=sys.stderr)
+        return 2
+    for path, option in ((args.json, "--json"), (args.plot, "--plot")):
+        problem = _prepare_output(path, option)
+        if problem:
+            print(f"ferry bench: {problem}", file=sys.stderr)
+            return 2
+    config = config_from_args(args)
+    load = _load_average()
+    cpus = os.cpu_count() or 1
+    if load is not None and load > cpus / 2:
+        _progress(
+            f"ferry bench: warning: the machine is busy (1-minute load {load:.1f} on {cpus} "
+            "CPUs); the figures will be noisy, and torch's intra-op threads may stall"
+        )
+    _progress(
+        f"ferry bench: {', '.join(config.workloads)} with workers "
+        f"{', '.join(map(str, config.workers))}; {config.reps} measured run(s) per side after "
+        f"{config.warmup} warm-up{'; quick' if config.quick else ''}"
+        + ("; A/A check: torch against itself" if config.candidate == "torch" else "")
+    )
+    started = time.perf_counter()
+    try:
+        rows = run_suite(config, _progress)
+    except KeyboardInterrupt:
+        _progress("ferry bench: interrupted; no report")
+        return 130
+    _progress(f"ferry bench: done in {time.perf_counter() - started:.1f} s")
+    print(format_table(rows))
+    if args.json is not None:
+        meta = metadata(argv, config)
+        meta["load_average_at_start"] = load
+        document = to_json(rows, meta)
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        _progress(f"ferry bench: wrote {args.json}")
+    if args.plot is not None:
+        write_plot(rows, args.plot)
+        _progress(f"ferry bench: wrote {args.plot}")
+    return 1 if any(row.error for row in rows) else 0

@@ -1,0 +1,95 @@
+"""The figures the benchmark produces: one run's, their medians, and a row of the report.
+
+Every figure of a row is the median, figure by figure, of the measured runs (the warm-up runs
+discarded): the run with the median batches/s need not be the one with the median memory.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Row", "RunMetrics", "Summary", "measured", "median"]
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """The figures of one run of one loader."""
+
+    batches: int
+    batches_per_s: float
+    cpu_s_per_batch: float
+    peak_rss_bytes: int
+    first_batch_s: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Medians over the measured runs of one side of a row."""
+
+    batches_per_s: float
+    cpu_s_per_batch: float
+    peak_rss_bytes: int
+    first_batch_s: float
+    runs: int
+
+    @classmethod
+    def of(cls, runs: Sequence[RunMetrics]) -> Summary | None:
+        """The per-figure medians of ``runs``; None when there are none."""
+        if not runs:
+            return None
+        return cls(
+            batches_per_s=median([r.batches_per_s for r in runs]),
+            cpu_s_per_batch=median([r.cpu_s_per_batch for r in runs]),
+            peak_rss_bytes=round(median([r.peak_rss_bytes for r in runs])),
+            first_batch_s=median([r.first_batch_s for r in runs]),
+            runs=len(runs),
+        )
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the report: a workload, a worker setting, torch's and ferry's medians."""
+
+    workload: str
+    workers: int
+    worker_type: str | None  # "process" or "thread"; None with 0 workers
+    batch_size: int
+    batches: int
+    torch: Summary | None
+    ferry: Summary | None
+    memcpy_batches_per_s: float | None
+    errors: tuple[str, ...] = ()  # one line per failed side: "ferry: run: TypeError: ..."
+    details: tuple[str, ...] = ()  # full tracebacks of the errors, for --json
+
+    @property
+    def error(self) -> str | None:
+        """The errors of the row on one line; None when it ran cleanly."""
+        return "; ".join(self.errors) or None
+
+    @property
+    def ratio(self) -> float | None:
+        """ferry's batches/s over torch's."""
+        if self.torch is None or self.ferry is None:
+            return None
+        return self.ferry.batches_per_s / self.torch.batches_per_s
+
+    @property
+    def ferry_fraction_of_memcpy(self) -> float | None:
+        """ferry's batches/s as a fraction of the memcpy bound."""
+        if self.ferry is None or not self.memcpy_batches_per_s:
+            return None
+        return self.ferry.batches_per_s / self.memcpy_batches_per_s
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of ``values`` (the mean of the middle two for an even count)."""
+    if not values:
+        raise ValueError("median of no values")
+    return float(statistics.median(values))
+
+
+def measured(runs: Sequence[RunMetrics], warmup: int) -> list[RunMetrics]:
+    """``runs`` without the first ``warmup`` ones, which only warm caches and allocators."""
+    return list(runs[warmup:])
