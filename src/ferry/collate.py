@@ -168,19 +168,24 @@ def collate_tensor_fn(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = No
 
 
 def _stackable_into_buffer(batch: Sequence[torch.Tensor]) -> bool:
-    """Whether ``stack(out=buffer)`` gives what plain ``stack`` gives: plain CPU tensors of one
-    dtype, none needing autograd (``out=`` does not record gradients) nor a subclass hook."""
+    """Whether ``stack(out=buffer)`` gives what plain ``stack`` gives: plain contiguous CPU
+    tensors of one dtype, none needing autograd (``out=`` does not record gradients) nor a
+    subclass hook."""
     dtype = batch[0].dtype
     grad = torch.is_grad_enabled()
     for t in batch:
         if type(t) is not torch.Tensor or t.dtype != dtype or t.device.type != "cpu":
+            return False
+        if not t.is_contiguous():  # stack keeps e.g. channels_last; a plain buffer would not
             return False
         if grad and t.requires_grad:
             return False
     return True
 
 
-def collate_numpy_array_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None) -> Any:
+def collate_numpy_array_fn(
+    batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None
+) -> Any:
     """Numeric numpy arrays become one tensor (arrays of str or objects are an error)."""
     elem = batch[0]
     if elem.dtype.kind in _NON_NUMERIC_KINDS:
@@ -220,6 +225,20 @@ default_collate_fn_map[float] = collate_float_fn
 default_collate_fn_map[int] = collate_int_fn
 default_collate_fn_map[str] = collate_str_fn
 default_collate_fn_map[bytes] = collate_str_fn
+_PRISTINE_MAP = tuple(default_collate_fn_map.items())
+
+
+def default_map_is_pristine() -> bool:
+    """Whether :data:`default_collate_fn_map` still holds exactly its built-in entries.
+
+    The shortcuts that skip re-stacking rows (a :class:`RowBatch`, the loader's one-call tensor
+    gather) give what the built-in functions would give; once a user extends or replaces an
+    entry, batches must go through the map.
+    """
+    current = default_collate_fn_map
+    return len(current) == len(_PRISTINE_MAP) and all(
+        current.get(key) is fn for key, fn in _PRISTINE_MAP
+    )
 
 
 def default_collate(batch: Sequence[Any]) -> Any:
@@ -242,8 +261,10 @@ def default_collate(batch: Sequence[Any]) -> Any:
         >>> default_collate([(0, 1), (2, 3)])
         [tensor([0, 2]), tensor([1, 3])]
     """
-    if type(batch) is RowBatch and default_collate_fn_map.get(torch.Tensor) is collate_tensor_fn:
-        return list(batch.columns)
+    if type(batch) is RowBatch:
+        if default_map_is_pristine():
+            return list(batch.columns)
+        batch = list(batch)
     return collate(batch, collate_fn_map=default_collate_fn_map)
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
+import typing
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
@@ -68,16 +70,13 @@ class Dataset(Generic[T_co]):
         return ConcatDataset([self, other])
 
 
-class IterableDataset(Dataset[T_co], Iterable[T_co]):
+class IterableDataset(Dataset[T_co], typing.Iterable[T_co]):
     """Base of iterable-style datasets: a stream of samples from ``__iter__``.
 
-    With several workers each worker iterates its own copy; use
-    :func:`ferry.get_worker_info` inside ``__iter__`` to give each a disjoint share.
-    ``a + b`` chains two streams.
+    ``__iter__`` is abstract: a subclass without it cannot be instantiated. With several
+    workers each worker iterates its own copy; use :func:`ferry.get_worker_info` inside
+    ``__iter__`` to give each a disjoint share. ``a + b`` chains two streams.
     """
-
-    def __iter__(self) -> Iterator[T_co]:
-        raise NotImplementedError(f"{type(self).__name__} must define __iter__")
 
     def __add__(self, other: Dataset[T_co]) -> ChainDataset:  # type: ignore[override]
         return ChainDataset([self, other])
@@ -88,14 +87,16 @@ def is_iterable_style(dataset: object) -> bool:
 
     That is: instances of :class:`IterableDataset` or of torch's ``IterableDataset`` (found by
     class name and module, so ferry never imports ``torch.utils.data``), and objects that have
-    ``__iter__`` but no ``__getitem__``.
+    ``__iter__`` but neither ``__getitem__`` nor ``__getitems__``.
     """
     if isinstance(dataset, IterableDataset):
         return True
     for cls in type(dataset).__mro__:
         if cls.__name__ == "IterableDataset" and cls.__module__.startswith("torch.utils.data"):
             return True
-    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+    if hasattr(dataset, "__getitem__") or hasattr(dataset, "__getitems__"):
+        return False
+    return hasattr(dataset, "__iter__")
 
 
 def _fetch_many(dataset: Any, indices: Sequence[Any]) -> Sequence[Any]:
@@ -116,20 +117,24 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
 
     def __init__(self, *tensors: torch.Tensor) -> None:
         if tensors:
-            rows = tensors[0].size(0)
             sizes = [t.size(0) for t in tensors]
-            assert all(s == rows for s in sizes), (
-                f"TensorDataset: every tensor must have the same first dimension, got {sizes}"
-            )
+            if any(size != sizes[0] for size in sizes):
+                raise AssertionError(
+                    f"TensorDataset: every tensor must have the same first dimension, got {sizes}"
+                )
         self.tensors = tensors
 
     def __getitem__(self, index: Any) -> tuple[torch.Tensor, ...]:
         return tuple(t[index] for t in self.tensors)
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, ...]]:
-        if _overrides_getitem(self, TensorDataset):
-            return [self[i] for i in indices]
-        return RowBatch(self._ferry_gather(torch.as_tensor(indices, dtype=torch.int64)))
+        keys = indices if isinstance(indices, (list, tuple)) else list(indices)
+        plain = keys and self.tensors and not _overrides_getitem(self, TensorDataset)
+        if plain and all(type(k) is int for k in keys):
+            return RowBatch(self._ferry_gather(torch.tensor(keys, dtype=torch.int64)))
+        # Anything else (floats, bools, slices, numpy ints...) is indexed one key at a time,
+        # exactly as the per-sample path would, so errors and results are torch's.
+        return [self[k] for k in keys]
 
     def __len__(self) -> int:
         return self.tensors[0].size(0)
@@ -203,20 +208,27 @@ class ConcatDataset(Dataset[T_co]):
 
     def __init__(self, datasets: Iterable[Any]) -> None:
         self.datasets = list(datasets)
-        assert self.datasets, "ConcatDataset needs at least one dataset, got an empty iterable"
+        if not self.datasets:
+            raise AssertionError("ConcatDataset needs at least one dataset, got an empty iterable")
         for d in self.datasets:
-            assert not is_iterable_style(d), (
-                f"ConcatDataset takes map-style datasets, got the iterable-style "
-                f"{type(d).__name__} (use ChainDataset for streams)"
-            )
-        self.cumulative_sizes = list(itertools.accumulate(len(d) for d in self.datasets))
+            if is_iterable_style(d):
+                raise AssertionError(
+                    f"ConcatDataset takes map-style datasets, got the iterable-style "
+                    f"{type(d).__name__} (use ChainDataset for streams)"
+                )
+        self.cumulative_sizes = self.cumsum(self.datasets)
+
+    @staticmethod
+    def cumsum(sequence: Iterable[Any]) -> list[int]:
+        """Running totals of the lengths of ``sequence``'s datasets."""
+        return list(itertools.accumulate(len(d) for d in sequence))
 
     @property
     def cummulative_sizes(self) -> list[int]:
         """Misspelled alias kept for code written against old torch releases."""
         warnings.warn(
             "cummulative_sizes is a deprecated alias: use cumulative_sizes",
-            DeprecationWarning,
+            FutureWarning,
             stacklevel=2,
         )
         return self.cumulative_sizes
@@ -256,7 +268,7 @@ class ConcatDataset(Dataset[T_co]):
         return out
 
 
-class ChainDataset(IterableDataset[Any]):
+class ChainDataset(IterableDataset):  # type: ignore[type-arg]
     """Several iterable-style datasets streamed one after another."""
 
     datasets: Iterable[Any]
@@ -266,9 +278,11 @@ class ChainDataset(IterableDataset[Any]):
 
     def _checked(self) -> Iterator[Any]:
         for d in self.datasets:
-            assert is_iterable_style(d), (
-                f"ChainDataset takes iterable-style datasets, got the map-style {type(d).__name__}"
-            )
+            if not is_iterable_style(d):
+                raise AssertionError(
+                    f"ChainDataset takes iterable-style datasets, got the map-style "
+                    f"{type(d).__name__}"
+                )
             yield d
 
     def __iter__(self) -> Iterator[Any]:
@@ -283,12 +297,20 @@ class Subset(Dataset[T_co]):
     """The samples of ``dataset`` at ``indices``, in that order."""
 
     dataset: Any
-    indices: Sequence[Any]
+    indices: Sequence[Any] | torch.Tensor
 
-    def __init__(self, dataset: Any, indices: Sequence[Any]) -> None:
+    def __init__(self, dataset: Any, indices: Sequence[Any] | torch.Tensor) -> None:
+        cls = type(self)
+        if _overrides_getitem(self, Subset) and cls.__getitems__ is Subset.__getitems__:
+            # The loader fetches batches through __getitems__, which would skip the override.
+            raise NotImplementedError(
+                f"{cls.__name__} overrides __getitem__ but not __getitems__: the DataLoader "
+                "fetches whole batches through __getitems__ and would skip your __getitem__. "
+                "Define __getitems__(self, indices) too, e.g. returning "
+                "[self[i] for i in indices]."
+            )
         self.dataset = dataset
         self.indices = indices
-        self._index_tensor: torch.Tensor | None = None
 
     @overload
     def __getitem__(self, idx: list[int]) -> list[T_co]: ...
@@ -307,10 +329,13 @@ class Subset(Dataset[T_co]):
 
     def _ferry_gather(self, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inner = tensor_gather(self.dataset)
-        assert inner is not None, "Subset._ferry_gather needs a dataset with a tensor gather"
-        if self._index_tensor is None:
-            self._index_tensor = torch.as_tensor(self.indices, dtype=torch.int64)
-        return inner(self._index_tensor[index])
+        if inner is None:
+            raise TypeError(f"{type(self.dataset).__name__} has no one-call tensor gather")
+        # Read self.indices every time: the user may replace it between epochs.
+        if isinstance(self.indices, torch.Tensor):
+            return inner(self.indices[index])
+        keys = [operator.index(self.indices[i]) for i in index.tolist()]
+        return inner(torch.tensor(keys, dtype=torch.int64))
 
 
 def _overrides_getitem(dataset: object, base: type) -> bool:
@@ -327,6 +352,7 @@ def tensor_gather(dataset: object) -> Callable[[torch.Tensor], tuple[torch.Tenso
     """
     if isinstance(dataset, TensorDataset):
         plain = not _overrides_getitem(dataset, TensorDataset)
+        plain = plain and type(dataset).__getitems__ is TensorDataset.__getitems__
         return dataset._ferry_gather if plain and dataset.tensors else None
     if (
         isinstance(dataset, Subset)

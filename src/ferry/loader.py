@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import operator
 import os
 import threading
 import warnings
@@ -30,6 +31,14 @@ WorkerType = Literal["process", "thread"]
 _FROZEN_AFTER_INIT = frozenset(
     {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
 )
+
+
+def _as_index(name: str, value: object) -> int:
+    """An integer option: any integer type (numpy's too), as torch accepts."""
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
 
 
 class _StreamSampler(Sampler[None]):
@@ -94,8 +103,11 @@ class DataLoader(Generic[T_co]):
         in_order: bool = True,
         worker_type: WorkerType = "process",
     ) -> None:
-        if not isinstance(num_workers, int):
-            raise TypeError(f"num_workers must be an integer, got {num_workers!r}")
+        num_workers = _as_index("num_workers", num_workers)
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
+            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+        if prefetch_factor is not None:
+            prefetch_factor = _as_index("prefetch_factor", prefetch_factor)
         if num_workers < 0:
             raise ValueError(
                 f"num_workers must be >= 0 (0 loads in the main process), got {num_workers}"
@@ -194,7 +206,7 @@ class DataLoader(Generic[T_co]):
         self._pool_lock = threading.Lock()
         self._warned_no_accelerator = False
         self._initialized = True
-        self._check_worker_count()
+        self.check_worker_number_rationality()
 
     # -- options -------------------------------------------------------------------------------
 
@@ -252,6 +264,22 @@ class DataLoader(Generic[T_co]):
             return self._persistent_iterator
         return self._make_iterator()
 
+    # Names some libraries reach for on torch's loader; kept so they find them here too.
+    @property
+    def _dataset_kind(self) -> int:
+        return 1 if self._iterable_style else 0
+
+    @property
+    def _IterableDataset_len_called(self) -> int | None:
+        return self._iterable_len_reported
+
+    @property
+    def _iterator(self) -> LoaderIterator | None:
+        return self._persistent_iterator
+
+    def _get_iterator(self) -> LoaderIterator:
+        return self._make_iterator()
+
     def _make_iterator(self) -> LoaderIterator:
         if self.num_workers == 0:
             return InlineIterator(self)
@@ -289,7 +317,8 @@ class DataLoader(Generic[T_co]):
                 stacklevel=4,
             )
 
-    def _check_worker_count(self) -> None:
+    def check_worker_number_rationality(self) -> None:
+        """Warn when ``num_workers`` exceeds the CPUs this process may run on."""
         if self.num_workers == 0:
             return
         try:

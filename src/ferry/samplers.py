@@ -44,6 +44,7 @@ T_co = TypeVar("T_co", covariant=True)
 # torch draws indices with replacement 32 at a time; drawing in the same sizes is what makes the
 # sequence identical for the same generator state.
 _REPLACEMENT_DRAW = 32
+_SEQUENTIAL_CHUNK = 1 << 16
 
 
 class Sampler(Generic[T_co]):
@@ -114,7 +115,10 @@ class SequentialSampler(Sampler[int]):
         return len(self.data_source)
 
     def _index_chunks(self) -> Iterator[torch.Tensor]:
-        yield torch.arange(len(self.data_source), dtype=torch.int64)
+        # Bounded chunks: a dataset of a billion rows must not cost 8 GB of indices up front.
+        total = len(self.data_source)
+        for start in range(0, total, _SEQUENTIAL_CHUNK):
+            yield torch.arange(start, min(start + _SEQUENTIAL_CHUNK, total), dtype=torch.int64)
 
 
 class RandomSampler(TensorChunkSampler):

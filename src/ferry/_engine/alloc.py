@@ -9,16 +9,18 @@ plain ``torch.empty``. A loader installs an allocator for the thread that runs c
   several times the copy itself).
 * shared-memory slabs in process workers, so the batch crosses to the main process as is.
 
-A buffer is known to be free through a weak reference to the ``memoryview`` the tensor was made
-from: the tensor's storage holds that view, and every view or slice of the tensor holds the
-storage, so the weak reference dies only when the last user of those bytes is gone.
+A buffer is an ordinary (resizable) torch storage. It is known to be free when the pool's own
+reference is its only one: torch's storage use count (every tensor, view, slice or numpy array
+made from a batch tensor holds the storage) and the Python reference count of the storage object
+(``t.untyped_storage()`` returns that same object) are both back to what the pool alone holds.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import threading
-import weakref
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -62,15 +64,35 @@ class using_allocator:
         _local.allocator = self._previous
 
 
-class _Buffer:
-    __slots__ = ("data", "lent")
+def _storage_use_count() -> Callable[[torch.UntypedStorage], int] | None:
+    """How many holders a storage has (torch's own count), if this torch exposes it."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None:
+        return None
+    return lambda storage: int(count(storage._cdata))
 
-    def __init__(self, nbytes: int) -> None:
-        self.data = bytearray(nbytes)
-        self.lent: weakref.ref[memoryview] | None = None
 
-    def is_free(self) -> bool:
-        return self.lent is None or self.lent() is None
+_use_count = _storage_use_count()
+
+
+def _python_refs(storages: list[torch.UntypedStorage]) -> list[int]:
+    """Python references to each storage object (``t.untyped_storage()`` hands out the pool's
+    own object, which torch's count does not see)."""
+    return [sys.getrefcount(storage) for storage in storages]
+
+
+# What _python_refs reports for a storage held by nothing but the list passed in (measured
+# through the same code, since the count includes the interpreter's own temporary references).
+_IDLE_PYTHON_REFS = _python_refs([torch.empty(1, dtype=torch.uint8).untyped_storage()])[0]
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of ``shape``."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 class BufferPool:
@@ -78,39 +100,47 @@ class BufferPool:
 
     Buffers under ``min_bytes`` are not pooled: the allocator already serves those from memory
     that is mapped. At most ``max_idle`` free buffers are kept; beyond that they are released.
-    Thread-safe, so thread workers can share one pool.
+    Thread-safe, so thread workers can share one pool. Without torch's storage use count (very
+    old torch), nothing is pooled.
     """
 
     def __init__(self, *, min_bytes: int = 1 << 18, max_idle: int = 4) -> None:
-        self._min_bytes = min_bytes
+        self._min_bytes = max(min_bytes, 1)
         self._max_idle = max_idle
-        self._buffers: list[_Buffer] = []
+        self._storages: list[torch.UntypedStorage] = []
         self._lock = threading.Lock()
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self._min_bytes:
+        if nbytes < self._min_bytes or _use_count is None:
             return torch.empty(shape, dtype=dtype)
         with self._lock:
-            buffer = self._take(nbytes)
-            view = memoryview(buffer.data)[:nbytes]
-            buffer.lent = weakref.ref(view)
-        flat = torch.frombuffer(view, dtype=torch.uint8)
-        return flat.view(dtype).view(shape)
+            storage = self._take(nbytes)
+            # Made while the lock is held, so no other thread can see the buffer as idle.
+            return torch.empty(0, dtype=dtype).set_(storage, 0, shape, _contiguous(shape))
 
-    def _take(self, nbytes: int) -> _Buffer:
-        idle = [b for b in self._buffers if b.is_free()]
+    def _take(self, nbytes: int) -> torch.UntypedStorage:
+        assert _use_count is not None
+        # The pool's own reference is the only one: no tensor, view, array or storage object
+        # outside the pool uses the bytes.
+        refs = _python_refs(self._storages)
+        idle = [
+            s
+            for s, n in zip(self._storages, refs, strict=True)
+            if n <= _IDLE_PYTHON_REFS and _use_count(s) == 1
+        ]
         # Best fit among buffers that waste at most half their size.
-        fits = [b for b in idle if nbytes <= len(b.data) <= 2 * nbytes]
-        chosen = min(fits, key=lambda b: len(b.data)) if fits else _Buffer(nbytes)
-        if not fits:
-            self._buffers.append(chosen)
-        surplus = [b for b in idle if b is not chosen][self._max_idle :]
+        fits = [s for s in idle if nbytes <= s.nbytes() <= 2 * nbytes]
+        if fits:
+            chosen = min(fits, key=lambda s: s.nbytes())
+        else:
+            chosen = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
+            self._storages.append(chosen)
+        surplus = [s for s in idle if s is not chosen][self._max_idle :]
         if surplus:
-            drop = {id(b) for b in surplus}
-            self._buffers = [b for b in self._buffers if id(b) not in drop]
+            self._storages = [s for s in self._storages if all(s is not x for x in surplus)]
         return chosen
 
     def __len__(self) -> int:
         """How many buffers the pool holds, lent or idle."""
-        return len(self._buffers)
+        return len(self._storages)

@@ -17,10 +17,21 @@ from typing import Any
 
 import torch
 
-from ferry.collate import RowBatch, default_collate
+from ferry.collate import RowBatch, default_collate, default_map_is_pristine
 from ferry.datasets import tensor_gather
 
-__all__ = ["IterableFetcher", "MapFetcher", "make_fetcher"]
+__all__ = ["IterableFetcher", "MapFetcher", "make_fetcher", "one_call_gather"]
+
+
+def one_call_gather(
+    dataset: Any, auto_collation: bool, collate_fn: Callable[..., Any]
+) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None:
+    """The dataset's one-call batch gather, when the loader may use it for whole batches:
+    batching is on and the collate is the built-in :func:`default_collate` with its built-in
+    map, so the gathered columns are exactly the batch torch would build."""
+    if not auto_collation or collate_fn is not default_collate or not default_map_is_pristine():
+        return None
+    return tensor_gather(dataset)
 
 
 class MapFetcher:
@@ -31,8 +42,7 @@ class MapFetcher:
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self._default = collate_fn is default_collate
-        gather = tensor_gather(dataset) if auto_collation and self._default else None
-        self.gather: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None = gather
+        self.gather = one_call_gather(dataset, auto_collation, collate_fn)
 
     def fetch(self, key: Any) -> Any:
         if not self.auto_collation:
@@ -50,8 +60,9 @@ class MapFetcher:
 class IterableFetcher:
     """Takes batches from the stream of an iterable-style dataset.
 
-    The stream is opened on the first fetch. A short last batch is dropped when ``drop_last``;
-    once the stream has ended every later fetch raises StopIteration without touching it.
+    The stream is opened when the fetcher is made (as torch opens it when the iterator is
+    made). A short last batch is dropped when ``drop_last``; once the stream has ended every
+    later fetch raises StopIteration without touching it.
     """
 
     def __init__(
@@ -61,14 +72,12 @@ class IterableFetcher:
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.drop_last = drop_last
-        self._stream: Iterator[Any] | None = None
+        self._stream: Iterator[Any] = iter(dataset)
         self._ended = False
 
     def fetch(self, count: int | None) -> Any:
         if self._ended:
             raise StopIteration
-        if self._stream is None:
-            self._stream = iter(self.dataset)
         if not self.auto_collation:
             try:
                 return self.collate_fn(next(self._stream))

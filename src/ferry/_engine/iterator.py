@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ferry._engine.alloc import using_allocator
-from ferry._engine.fetch import make_fetcher
+from ferry._engine.fetch import make_fetcher, one_call_gather
 from ferry._engine.pin import accelerator_available, pin_batch
 from ferry.samplers import index_batches
 
@@ -56,15 +56,13 @@ class LoaderIterator:
         if loader.pin_memory and not self._pin:
             loader._warn_no_accelerator()
         self._num_yielded = 0
+        # Only a len() asked before the iterator was made counts (list(loader) asks one after).
+        self._reported_length = loader._iterable_len_reported
         self._length_warned = False
-        self._fetcher = make_fetcher(
-            loader.dataset,
-            loader._iterable_style,
-            loader._auto_collation,
-            loader.collate_fn,
-            loader.drop_last,
+        self._gathers = (
+            one_call_gather(loader.dataset, loader._auto_collation, loader.collate_fn) is not None
         )
-        self._keys = epoch_keys(loader, getattr(self._fetcher, "gather", None) is not None)
+        self._keys = epoch_keys(loader, self._gathers)
         self._base_seed = int(
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         )
@@ -73,12 +71,13 @@ class LoaderIterator:
         return self
 
     def __len__(self) -> int:
-        return len(self._loader)
+        # As torch: the length of the index sampler (an endless one for a stream: TypeError).
+        return len(self._loader._index_sampler)  # type: ignore[arg-type]
 
     def __next__(self) -> Any:
         batch = self._next_batch()
         self._num_yielded += 1
-        reported = self._loader._iterable_len_reported
+        reported = self._reported_length
         if reported is not None and self._num_yielded > reported and not self._length_warned:
             self._length_warned = True
             warnings.warn(
@@ -101,15 +100,31 @@ class LoaderIterator:
         raise NotImplementedError(f"{type(self).__name__} does not outlive its epoch")
 
     def __getstate__(self) -> Any:
-        raise TypeError(f"{type(self).__name__} holds a live epoch and cannot be pickled")
+        raise NotImplementedError(
+            f"{type(self).__name__} holds a live epoch (and maybe workers) and cannot be pickled"
+        )
 
 
 class InlineIterator(LoaderIterator):
     """``num_workers=0``: every batch is fetched in the caller's thread."""
 
     def __init__(self, loader: DataLoader[Any]) -> None:
+        if loader.timeout > 0:
+            raise AssertionError(
+                f"timeout={loader.timeout} applies to waiting for workers and needs "
+                "num_workers > 0; with num_workers=0 leave timeout at 0"
+            )
         super().__init__(loader)
         self._allocator = loader._buffer_pool()
+        # Made after the base seed is drawn: an iterable dataset's stream opens here, as in
+        # torch, so its __iter__ (and any random draw in it) runs at iter(loader).
+        self._fetcher = make_fetcher(
+            loader.dataset,
+            loader._iterable_style,
+            loader._auto_collation,
+            loader.collate_fn,
+            loader.drop_last,
+        )
 
     def _next_batch(self) -> Any:
         key = next(self._keys)

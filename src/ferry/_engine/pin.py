@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ferry._structure import map_structure
+from ferry._structure import rebuild_mapping, rebuild_sequence
 
 __all__ = ["accelerator_available", "pin_batch"]
 
@@ -20,23 +21,33 @@ def accelerator_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _pin_leaf(value: Any, device: str) -> Any:
-    if isinstance(value, torch.Tensor):
-        if not device:
-            return value.pin_memory()
-        with warnings.catch_warnings():
-            # Naming the device is deprecated in recent torch but still what the user asked for.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return value.pin_memory(device)
-    pin = getattr(value, "pin_memory", None)
-    if callable(pin):
-        return pin()
-    return value
+def _pin_tensor(tensor: torch.Tensor, device: str) -> torch.Tensor:
+    if not device:
+        return tensor.pin_memory()
+    with warnings.catch_warnings():
+        # Naming the device is deprecated in recent torch but still what the user asked for.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return tensor.pin_memory(device)
 
 
 def pin_batch(batch: Any, device: str = "") -> Any:
-    """``batch`` with its tensors in pinned memory; custom types pin through their own
-    ``pin_memory()`` method, containers are rebuilt as collate builds them."""
+    """``batch`` with its tensors in pinned memory, rebuilt as torch rebuilds it.
+
+    In torch's order: a tensor is pinned; any object with a ``pin_memory()`` method pins
+    itself (containers too); str and bytes stay; mappings, tuples (namedtuples and plain, type
+    kept) and sequences are rebuilt around pinned items; anything else is returned as is.
+    """
     if isinstance(batch, torch.Tensor):
-        return _pin_leaf(batch, device)
-    return map_structure(batch, lambda leaf: _pin_leaf(leaf, device))
+        return _pin_tensor(batch, device)
+    if hasattr(batch, "pin_memory"):
+        return batch.pin_memory()
+    if isinstance(batch, (str, bytes)):
+        return batch
+    if isinstance(batch, Mapping):
+        return rebuild_mapping(batch, {k: pin_batch(v, device) for k, v in batch.items()})
+    if isinstance(batch, tuple):
+        items = (pin_batch(v, device) for v in batch)
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    if isinstance(batch, Sequence):
+        return rebuild_sequence(batch, [pin_batch(v, device) for v in batch])
+    return batch

@@ -254,7 +254,7 @@ class WorkerIterator(LoaderIterator):
         # torch asks the sampler for a fresh iterator when workers start, and draws from it
         # right away to fill the prefetch queue; so does ferry, so RNG draws happen in the
         # same order.
-        self._keys: Iterator[Any] = epoch_keys(self._loader, self._fetcher_gathers())
+        self._keys: Iterator[Any] = epoch_keys(self._loader, self._gathers)
         self._keys_done = False
         self._tasks: dict[int, _Task] = {}
         self._first_task = self._next_task
@@ -265,14 +265,12 @@ class WorkerIterator(LoaderIterator):
         for _ in range(self._prefetch * self._num_workers):
             self._dispatch()
 
-    def _fetcher_gathers(self) -> bool:
-        return getattr(self._fetcher, "gather", None) is not None
-
     def _restart(self) -> None:
         """Next epoch with the same (persistent) workers; stale results are dropped as they come."""
         if self._fatal is not None or self._group.closed:
             raise RuntimeError("this DataLoader's persistent workers were shut down after an error")
         self._num_yielded = 0
+        self._reported_length = self._loader._iterable_len_reported
         self._length_warned = False
         for worker in self._workers:
             worker.send(Resume(worker.slabs.take_freed()))

@@ -1,0 +1,54 @@
+"""Fixtures shared by the test suite.
+
+``guard_global_state`` checks that a test leaves behind what it found: ferry's and torch's
+``default_collate_fn_map`` (same entries, same order), the warning filters and torch's global
+RNG state. It restores them either way, so one leaking test cannot break the ones after it,
+and fails the leaking test so the leak gets fixed. Modules opt in with
+``pytestmark = pytest.mark.usefixtures("guard_global_state")``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch.utils.data._utils.collate import default_collate_fn_map as torch_collate_fn_map
+
+from ferry.collate import default_collate_fn_map as ferry_collate_fn_map
+
+
+@pytest.fixture
+def guard_global_state() -> Iterator[None]:
+    ferry_map = list(ferry_collate_fn_map.items())
+    torch_map = list(torch_collate_fn_map.items())
+    filters = list(warnings.filters)
+    rng = torch.get_rng_state()
+    yield
+    leaks = []
+    if list(ferry_collate_fn_map.items()) != ferry_map:
+        leaks.append("ferry.default_collate_fn_map")
+        ferry_collate_fn_map.clear()
+        ferry_collate_fn_map.update(ferry_map)
+    if list(torch_collate_fn_map.items()) != torch_map:
+        leaks.append("torch default_collate_fn_map")
+        torch_collate_fn_map.clear()
+        torch_collate_fn_map.update(torch_map)
+    if list(warnings.filters) != filters:
+        leaks.append("warnings.filters")
+        warnings.filters[:] = filters
+    torch.set_rng_state(rng)
+    assert not leaks, f"the test left global state changed: {', '.join(leaks)}"
+
+
+@pytest.fixture
+def extend_collate_maps(guard_global_state: None) -> Iterator[None]:
+    """Lets a test add entries to both ``default_collate_fn_map`` s; removes them afterwards."""
+    ferry_map = list(ferry_collate_fn_map.items())
+    torch_map = list(torch_collate_fn_map.items())
+    yield
+    ferry_collate_fn_map.clear()
+    ferry_collate_fn_map.update(ferry_map)
+    torch_collate_fn_map.clear()
+    torch_collate_fn_map.update(torch_map)

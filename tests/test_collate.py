@@ -1,0 +1,618 @@
+"""collate, default_collate, default_convert and default_collate_fn_map: the same batches
+(container types, keys, dtypes, shapes, strides, values) and the same exceptions as torch's, for
+generated nested samples and for every documented special case; and collate inside a loader
+(where batch memory comes from the loader's buffer pool) gives what it gives outside."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import importlib
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils.data._utils import collate as torch_collate
+
+import ferry
+from compat.helpers import (
+    HYPOTHESIS,
+    MODULES,
+    Raised,
+    assert_same,
+    assert_same_outcome,
+    differential,
+    outcome,
+)
+from compat.strategies import (
+    NUMPY_DTYPES,
+    TORCH_DTYPES,
+    FixedRow,
+    FrozenMapping,
+    Pair,
+    Record,
+    Row,
+    batches,
+    make_tensor,
+)
+from ferry.collate import RowBatch
+
+pytestmark = pytest.mark.usefixtures("guard_global_state")
+
+# ``ferry.collate`` is the function (as in torch); the module is reached by its full name.
+ferry_collate = importlib.import_module("ferry.collate")
+
+
+def _assert_both(fn: Callable[[Any], Any], label: str = "batch") -> None:
+    """``fn(collate_module)`` for torch's and ferry's collate modules gives the same outcome."""
+    expected = outcome(lambda: fn(torch_collate))
+    got = outcome(lambda: fn(ferry_collate))
+    assert_same_outcome(expected, got, label)
+
+
+def _fresh(batch: list[Any]) -> list[Any]:
+    """A deep copy, so one library's collate cannot affect what the other one sees."""
+    return copy.deepcopy(batch)
+
+
+def _in_loader(module: Any, batch: list[Any], **kwargs: Any) -> Any:
+    """The one batch a loader over ``batch`` yields with ``batch_size=len(batch)``."""
+    (out,) = list(module.DataLoader(batch, batch_size=len(batch), **kwargs))
+    return out
+
+
+# -- generated samples ---------------------------------------------------------------------------
+
+
+@HYPOTHESIS
+@given(batch=batches())
+def test_default_collate_matches_torch(batch: list[Any]) -> None:
+    _assert_both(lambda m: m.default_collate(_fresh(batch)))
+
+
+@HYPOTHESIS
+@given(batch=batches())
+def test_collate_in_a_loader_matches_collate_outside(batch: list[Any]) -> None:
+    expected = outcome(lambda: tud.default_collate(_fresh(batch)))
+    assert_same_outcome(expected, outcome(lambda: _in_loader(ferry, _fresh(batch))), "ferry loader")
+    assert_same_outcome(expected, outcome(lambda: _in_loader(tud, _fresh(batch))), "torch loader")
+
+
+@HYPOTHESIS
+@given(batch=batches(max_size=2))
+def test_default_convert_matches_torch(batch: list[Any]) -> None:
+    _assert_both(lambda m: m.default_convert(_fresh(batch)[0]), "sample")
+    _assert_both(lambda m: m.default_convert(_fresh(batch)), "list of samples")
+    _assert_both(lambda m: m.default_convert(tuple(_fresh(batch))), "tuple of samples")
+
+
+@HYPOTHESIS
+@given(batch=batches(max_size=3))
+def test_unbatched_loader_converts_like_torch(batch: list[Any]) -> None:
+    differential(lambda m: m.DataLoader(_fresh(batch), batch_size=None))
+
+
+@HYPOTHESIS
+@given(batch=batches(), map_kind=st.sampled_from(["none", "structure", "strings"]))
+def test_collate_with_custom_maps_matches_torch(batch: list[Any], map_kind: str) -> None:
+    def collate_with(module: Any) -> Any:
+        if map_kind == "none":
+            fn_map = None
+        elif map_kind == "structure":
+            fn_map = {}
+        else:
+            fn_map = {str: module.collate_str_fn, (int, float): lambda b, **_: ("numbers", b)}
+        return module.collate(_fresh(batch), collate_fn_map=fn_map)
+
+    _assert_both(collate_with)
+
+
+# -- numbers, strings, numpy ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        [0, 1, 2],
+        [True, False],
+        [1.5, float("nan"), -0.0, float("inf")],
+        [1, 2.5],
+        [2.5, 1],
+        [True, 2],
+        [2**62, -(2**62)],
+        ["a", "bc"],
+        [b"a", b"bc"],
+        [np.str_("a"), np.str_("b")],
+        [(1, "a"), (2, "b")],
+        [[0, 1], [2, 3]],
+        [{"a": 0, "b": 1}, {"a": 100, "b": 100}],
+        [Pair(0, 0), Pair(1, 1)],
+        [Pair(torch.zeros(2), "s"), Pair(torch.ones(2), "t")],
+        [collections.OrderedDict(b=1, a=2), collections.OrderedDict(b=3, a=4)],
+        [{"a": 1, "b": 2}, {"b": 3, "a": 4}],
+        [range(2), range(2)],
+        ["ab", "cd"],
+    ],
+    ids=repr,
+)
+def test_documented_cases_match_torch(batch: list[Any]) -> None:
+    _assert_both(lambda m: m.default_collate(batch))
+    _assert_both(lambda m: m.default_convert(batch))
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_numpy_arrays_and_scalars_of_every_dtype(dtype: Any) -> None:
+    arrays = [np.arange(6).reshape(2, 3).astype(dtype), np.ones((2, 3), dtype=dtype)]
+    _assert_both(lambda m: m.default_collate(arrays), "arrays")
+    _assert_both(lambda m: m.default_collate([a[0, 1] for a in arrays]), "scalars")
+    _assert_both(lambda m: m.default_convert(arrays), "convert arrays")
+    _assert_both(lambda m: m.default_convert(arrays[0][0, 0]), "convert scalar")
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
+def test_tensors_of_every_dtype(dtype: torch.dtype) -> None:
+    batch = [make_tensor(dtype, (2, 3), seed, nan=True) for seed in range(3)]
+    _assert_both(lambda m: m.default_collate(batch))
+    _assert_both(lambda m: m.default_convert(batch))
+
+
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        [np.array(["a"]), np.array(["b"])],
+        [np.array([b"a"]), np.array([b"b"])],
+        [np.array([object()]), np.array([object()])],
+        [np.array([1], dtype=">i4"), np.array([2], dtype=">i4")],
+    ],
+    ids=["str", "bytes", "object", "big-endian"],
+)
+def test_numpy_arrays_that_are_not_numbers(arrays: list[np.ndarray]) -> None:
+    expected = outcome(lambda: tud.default_collate(arrays))
+    assert isinstance(expected, Raised)
+    assert_same_outcome(expected, outcome(lambda: ferry.default_collate(arrays)))
+    _assert_both(lambda m: m.default_convert(arrays))
+    _assert_both(lambda m: m.default_convert(arrays[0]))
+
+
+def test_numpy_string_array_error_names_the_dtype() -> None:
+    with pytest.raises(TypeError, match="<U1"):
+        ferry.default_collate([np.array(["a"]), np.array(["b"])])
+
+
+@pytest.mark.parametrize(
+    "value", [np.str_("a"), np.bytes_(b"a"), np.float64(1.5), np.datetime64("2020-01-01")], ids=repr
+)
+def test_default_convert_numpy_scalars(value: Any) -> None:
+    _assert_both(lambda m: m.default_convert(value))
+    _assert_both(lambda m: m.default_convert([value, {"v": value}]))
+
+
+# -- mappings and sequences ----------------------------------------------------------------------
+
+
+def test_mappings_keep_their_type_when_they_can() -> None:
+    default = collections.defaultdict(list, a=1)
+    batch = [default, collections.defaultdict(list, a=2)]
+    for m in (tud, ferry):
+        out = m.default_collate(batch)
+        assert type(out) is collections.defaultdict
+        assert out.default_factory is list
+    _assert_both(lambda m: m.default_collate(batch))
+
+
+def test_mutable_mapping_is_copied_not_mutated() -> None:
+    first, second = Record(tag="first"), Record(tag="second")
+    first["x"], second["x"] = 1, 2
+    out = ferry.default_collate([first, second])
+    assert type(out) is Record
+    assert out.tag == "first"
+    assert out is not first
+    assert first["x"] == 1
+    assert_same(out["x"], torch.tensor([1, 2]))
+    converted = ferry.default_convert(first)
+    assert type(converted) is Record
+    assert converted is not first
+
+
+def test_mapping_that_cannot_be_rebuilt_becomes_a_dict() -> None:
+    batch = [FrozenMapping({"a": 1}, "x"), FrozenMapping({"a": 2}, "y")]
+    out = ferry.default_collate(batch)
+    assert type(out) is dict
+    _assert_both(lambda m: m.default_collate(batch))
+    _assert_both(lambda m: m.default_convert(batch[0]))
+
+
+def test_sequences_keep_their_type_when_they_can() -> None:
+    _assert_both(lambda m: m.default_collate([Row([1, "a"]), Row([2, "b"])]))
+    _assert_both(lambda m: m.default_collate([FixedRow([1, 2], "a"), FixedRow([3, 4], "b")]))
+    assert type(ferry.default_collate([Row([1]), Row([2])])) is Row
+    assert type(ferry.default_collate([FixedRow([1], "a"), FixedRow([2], "b")])) is list
+    _assert_both(lambda m: m.default_convert(Row([np.zeros(1)])))
+    _assert_both(lambda m: m.default_convert(FixedRow([np.zeros(1)], "a")))
+
+
+def test_mutable_sequence_is_copied_not_mutated() -> None:
+    class Tagged(list):
+        tag = "tagged"
+
+    first = Tagged([1, 2])
+    out = ferry.default_collate([first, Tagged([3, 4])])
+    assert type(out) is Tagged
+    assert first == [1, 2]
+    _assert_both(lambda m: m.default_collate([Tagged([1, 2]), Tagged([3, 4])]))
+
+
+@pytest.mark.parametrize("depth", [1, 3, 6])
+def test_deep_nesting(depth: int) -> None:
+    def nest(value: Any) -> Any:
+        for level in range(depth):
+            value = [value, {"level": level, "t": torch.full((2,), float(level))}]
+        return value
+
+    batch = [nest(torch.tensor(i)) for i in range(3)]
+    _assert_both(lambda m: m.default_collate(batch))
+    _assert_both(lambda m: m.default_convert(batch))
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def _csr() -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+        return torch.eye(2).to_sparse_csr()
+
+
+ERRORS = {
+    "length mismatch": [[1, 2], [3]],
+    "length mismatch tuple": [(1, 2), (3, 4, 5)],
+    "length mismatch later": [[1], [2], [3, 4]],
+    "None": [None, None],
+    "object": [object(), object()],
+    "complex": [1j, 2j],
+    "set": [{1}, {2}],
+    "missing key": [{"a": 1}, {"b": 2}],
+    "shape mismatch": [torch.zeros(2), torch.zeros(3)],
+    "ndim mismatch": [torch.zeros(2), torch.zeros(2, 1)],
+    "sparse coo": [torch.zeros(3).to_sparse(), torch.zeros(3).to_sparse()],
+    "sparse csr": [_csr(), _csr()],
+    "empty batch": [],
+    "tensor then number": [torch.zeros(()), 1],
+    "unsupported inside dict": [{"a": None}, {"a": None}],
+}
+
+
+@pytest.mark.parametrize("batch", ERRORS.values(), ids=ERRORS.keys())
+def test_errors_match_torch(batch: list[Any]) -> None:
+    expected = outcome(lambda: tud.default_collate(batch))
+    got = outcome(lambda: ferry.default_collate(batch))
+    assert_same_outcome(expected, got)
+
+
+def test_nested_tensors_are_refused_like_torch() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "nested tensors are a prototype"
+        nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    batch = [nested, nested]
+    expected = outcome(lambda: tud.default_collate(batch))
+    assert isinstance(expected, Raised)
+    assert_same_outcome(expected, outcome(lambda: ferry.default_collate(batch)))
+    with pytest.raises(RuntimeError, match="nested"):
+        ferry.default_collate(batch)
+
+
+def test_unsupported_type_error_names_the_type() -> None:
+    class Opaque:
+        pass
+
+    with pytest.raises(TypeError, match="Opaque"):
+        ferry.default_collate([Opaque(), Opaque()])
+    with pytest.raises(TypeError, match="Opaque"):
+        ferry.collate([Opaque()], collate_fn_map=None)
+
+
+def test_length_mismatch_error_says_which_sample() -> None:
+    with pytest.raises(RuntimeError, match="sample 2"):
+        ferry.default_collate([[1], [2], [3, 4]])
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_sparse_error_names_the_layout(layout: str) -> None:
+    dense = torch.eye(2)
+    sparse = dense.to_sparse() if layout == "coo" else _csr()
+    with pytest.raises(RuntimeError, match="sparse"):
+        ferry.default_collate([sparse, sparse])
+
+
+# -- tensors: dtypes, grad, subclasses, layouts -- in and outside a loader ----------------------
+
+BIG = 70_000  # float32 elements: a batch of two is over the buffer pool's pooling threshold
+
+
+def _big_samples(kind: str) -> list[Any]:
+    generator = torch.Generator().manual_seed(0)
+    base = [torch.randn(BIG, generator=generator) for _ in range(3)]
+    if kind == "float32":
+        return base
+    if kind == "mixed dtypes":
+        return [base[0], base[1].double(), base[2].half()]
+    if kind == "int and bool":
+        return [base[0] > 0, (base[1] * 10).long(), base[2] > 1]
+    if kind == "shape mismatch":
+        return [base[0], base[1][:-1], base[2]]
+    if kind == "requires grad":
+        return [t.requires_grad_() for t in base]
+    if kind == "parameter":
+        return [torch.nn.Parameter(t) for t in base]
+    if kind == "subclass":
+        return [t.as_subclass(_Tagged) for t in base]
+    if kind == "channels last":
+        return [
+            t[: 4 * 16 * 16 * 16].view(4, 16, 16, 16).contiguous(memory_format=torch.channels_last)
+            for t in base
+        ]
+    if kind == "transposed":
+        return [t[: 250 * 250].view(250, 250).t() for t in base]
+    if kind == "expanded":
+        return [t[:300].expand(300, 300) for t in base]
+    if kind == "complex":
+        return [torch.complex(t, -t) for t in base]
+    if kind == "dict":
+        return [{"x": t, "y": i, "name": f"s{i}"} for i, t in enumerate(base)]
+    if kind == "nan":
+        return [t.masked_fill(t > 1, float("nan")) for t in base]
+    raise AssertionError(kind)
+
+
+class _Tagged(torch.Tensor):
+    pass
+
+
+TENSOR_KINDS = [
+    "float32",
+    "mixed dtypes",
+    "int and bool",
+    "shape mismatch",
+    "requires grad",
+    "parameter",
+    "subclass",
+    "channels last",
+    "transposed",
+    "expanded",
+    "complex",
+    "dict",
+    "nan",
+]
+
+
+_GRAD_MODES = {
+    "grad": lambda: torch.set_grad_enabled(True),
+    "no_grad": torch.no_grad,
+    "inference": torch.inference_mode,
+}
+
+
+@pytest.mark.parametrize("kind", TENSOR_KINDS)
+@pytest.mark.parametrize("mode", _GRAD_MODES)
+def test_large_tensor_batches_match_torch_in_and_outside_a_loader(kind: str, mode: str) -> None:
+    samples = _big_samples(kind)
+    with _GRAD_MODES[mode]():
+        expected = outcome(lambda: tud.default_collate(samples))
+        assert_same_outcome(expected, outcome(lambda: ferry.default_collate(samples)), "outside")
+        assert_same_outcome(expected, outcome(lambda: _in_loader(tud, samples)), "torch loader")
+        assert_same_outcome(expected, outcome(lambda: _in_loader(ferry, samples)), "ferry loader")
+
+
+def test_grad_flows_through_a_collated_batch() -> None:
+    for module in MODULES:
+        leaves = [torch.ones(BIG, requires_grad=True) for _ in range(2)]
+        batch = _in_loader(module, leaves)
+        batch.sum().backward()
+        assert all(torch.equal(leaf.grad, torch.ones(BIG)) for leaf in leaves)
+
+
+def test_loader_batches_stay_intact_while_later_batches_are_made() -> None:
+    """Every batch kept by the user keeps its values while the loader makes the next ones (a
+    pooled buffer must not be reused while a batch, or a view of it, is alive)."""
+    generator = torch.Generator().manual_seed(1)
+    samples = [torch.randn(BIG, generator=generator) for _ in range(12)]
+    for module in MODULES:
+        kept = []
+        for position, batch in enumerate(module.DataLoader(samples, batch_size=2)):
+            kept.append(batch[0] if position % 2 else batch)
+        for position, kept_batch in enumerate(kept):
+            start = 2 * position
+            expected = samples[start] if position % 2 else torch.stack(samples[start : start + 2])
+            assert torch.equal(kept_batch, expected), (module.__name__, position)
+
+
+def test_loader_batch_storage_can_be_resized_like_torch() -> None:
+    samples = [torch.zeros(BIG) for _ in range(2)]
+
+    def grow(module: Any) -> Any:
+        batch = _in_loader(module, samples)
+        batch.resize_(2, BIG + 10)
+        return batch.shape
+
+    expected, got = outcome(lambda: grow(tud)), outcome(lambda: grow(ferry))
+    assert_same_outcome(expected, got)
+
+
+# -- collate_fn_map ------------------------------------------------------------------------------
+
+
+class Base:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+class Child(Base):
+    pass
+
+
+class GrandChild(Child):
+    pass
+
+
+def _tagging(tag: str) -> Callable[..., Any]:
+    def fn(batch: Any, *, collate_fn_map: Any = None) -> Any:
+        return (tag, [b.value for b in batch], collate_fn_map is not None)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("fn_map", "sample", "expected_tag"),
+    [
+        ({Base: _tagging("base"), Child: _tagging("child")}, Child(1), "child"),
+        ({Child: _tagging("child"), Base: _tagging("base")}, GrandChild(1), "child"),
+        ({Base: _tagging("base"), Child: _tagging("child")}, GrandChild(1), "base"),
+        ({(int, Base): _tagging("tuple key")}, Child(1), "tuple key"),
+        ({object: _tagging("object")}, Base(1), "object"),
+    ],
+)
+def test_collate_fn_map_lookup(fn_map: dict[Any, Any], sample: Any, expected_tag: str) -> None:
+    batch = [sample, type(sample)(2)]
+    expected = torch_collate.collate(batch, collate_fn_map=fn_map)
+    got = ferry.collate(batch, collate_fn_map=fn_map)
+    assert got == expected == (expected_tag, [1, 2], True)
+
+
+def test_collate_fn_map_is_passed_down_to_nested_functions() -> None:
+    seen = []
+
+    def record(batch: Any, *, collate_fn_map: Any) -> Any:
+        seen.append(collate_fn_map)
+        return len(batch)
+
+    fn_map = {Base: record}
+    out = ferry.collate([{"a": [Base(1)]}, {"a": [Base(2)]}], collate_fn_map=fn_map)
+    assert out == {"a": [2]}
+    assert seen == [fn_map]
+
+
+def test_collate_without_a_map_walks_structure_only() -> None:
+    batch = [{"a": (1, 2)}, {"a": (3, 4)}]
+    _assert_both(lambda m: m.collate(batch, collate_fn_map=None))
+    with pytest.raises(TypeError):
+        ferry.collate(batch, collate_fn_map=None)
+
+
+def test_default_collate_fn_map_matches_torch() -> None:
+    expected = list(torch_collate.default_collate_fn_map)
+    assert list(ferry.default_collate_fn_map) == expected
+    for key, fn in ferry.default_collate_fn_map.items():
+        assert fn.__name__ == torch_collate.default_collate_fn_map[key].__name__
+        assert inspect.signature(fn).parameters.keys() == {"batch", "collate_fn_map"}
+
+
+def test_extending_default_collate_fn_map(extend_collate_maps: None) -> None:
+    ferry.default_collate_fn_map[Base] = _tagging("custom")
+    assert ferry.default_collate([Base(1), Base(2)]) == ("custom", [1, 2], True)
+    assert ferry.default_collate([{"k": Child(3)}, {"k": Child(4)}]) == {
+        "k": ("custom", [3, 4], True)
+    }
+    loader = ferry.DataLoader([Base(5), Base(6), Base(7)], batch_size=2)
+    assert list(loader) == [("custom", [5, 6], True), ("custom", [7], True)]
+
+
+def _times_hundred(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    return torch.stack(list(batch), 0) * 100
+
+
+def _tuple_marker(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    return ("tuples", len(batch))
+
+
+@pytest.mark.parametrize(
+    "batch_sampler", [False, True], ids=["batch_size", "batch_sampler of lists"]
+)
+@pytest.mark.parametrize(
+    ("key", "fn"), [(torch.Tensor, _times_hundred), (tuple, _tuple_marker)], ids=["Tensor", "tuple"]
+)
+def test_extended_default_collate_fn_map_applies_to_tensor_datasets(
+    extend_collate_maps: None, key: type, fn: Callable[..., Any], batch_sampler: bool
+) -> None:
+    """Extending ``default_collate_fn_map`` is the documented way to change how
+    ``default_collate`` batches a type; the loader must honour it for every dataset."""
+    torch_collate.default_collate_fn_map[key] = fn
+    ferry.default_collate_fn_map[key] = fn
+    x, y = torch.arange(12.0).view(6, 2), torch.arange(6)
+
+    def build(module: Any) -> Any:
+        ds = module.TensorDataset(x, y)
+        if batch_sampler:
+            return module.DataLoader(ds, batch_sampler=[[0, 1, 2], [5, 4]])
+        return module.DataLoader(ds, batch_size=4)
+
+    differential(build)
+    assert_same(tud.default_collate([(x[0], y[0])]), ferry.default_collate([(x[0], y[0])]))
+
+
+# -- RowBatch (what the built-in tensor datasets return for a batch) ------------------------------
+
+
+def test_row_batch_reads_like_a_list_of_rows() -> None:
+    x, y = torch.arange(6).view(3, 2), torch.tensor([7, 8, 9])
+    rows = RowBatch((x, y))
+    plain = [(x[i], y[i]) for i in range(3)]
+    assert len(rows) == 3
+    assert_same(list(rows), plain)
+    assert_same(rows[-1], plain[-1])
+    assert_same(rows[0:2], plain[0:2])
+    assert_same(rows[::-1], plain[::-1])
+    for index in (3, -4):
+        with pytest.raises(IndexError):
+            rows[index]
+    assert "rows=3" in repr(rows)
+    assert len(RowBatch(())) == 0
+    assert_same(ferry.default_collate(rows), tud.default_collate(plain))
+    assert_same(
+        ferry.collate(rows, collate_fn_map=ferry.default_collate_fn_map), tud.default_collate(plain)
+    )
+
+
+# -- the public per-type functions ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "collate_tensor_fn",
+        "collate_numpy_array_fn",
+        "collate_numpy_scalar_fn",
+        "collate_float_fn",
+        "collate_int_fn",
+        "collate_str_fn",
+    ],
+)
+def test_per_type_functions_match_torch_signatures(name: str) -> None:
+    def shape(fn: Any) -> list[tuple[str, Any, Any]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    assert shape(getattr(ferry_collate, name)) == shape(getattr(torch_collate, name))
+
+
+def test_collate_signature_matches_torch() -> None:
+    def shape(fn: Any) -> list[tuple[str, Any, Any]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    assert shape(ferry.collate) == shape(torch_collate.collate)
+    assert shape(ferry.default_collate) == shape(torch_collate.default_collate)
+    assert shape(ferry.default_convert) == shape(torch_collate.default_convert)
+
+
+def test_default_convert_keeps_tensors_and_other_objects() -> None:
+    tensor = torch.zeros(2)
+    assert ferry.default_convert(tensor) is tensor
+    marker = object()
+    assert ferry.default_convert(marker) is marker
+    assert ferry.default_convert("text") == "text"
+    _assert_both(lambda m: m.default_convert((np.zeros(2), "a", (1, np.int8(2)))))
