@@ -633,9 +633,9 @@ def test_inline_iterators_do_not_outlive_their_epoch() -> None:
     iterator = iter(loader)
     assert isinstance(iterator, LoaderIterator)
     with pytest.raises(NotImplementedError, match="epoch"):
-        iterator._restart()
+        iterator._restart(loader._plan())
     with pytest.raises(NotImplementedError):
-        next(LoaderIterator(loader))
+        next(LoaderIterator(loader._plan()))
 
 
 def test_iterable_fetcher_stops_for_good_and_drops_the_short_batch() -> None:

@@ -16,6 +16,8 @@ import torch
 
 from ferry._engine.alloc import BufferPool
 from ferry._engine.iterator import InlineIterator, LoaderIterator
+from ferry._engine.pin import accelerator_available
+from ferry._engine.plan import EpochPlan
 from ferry.collate import default_collate, default_convert
 from ferry.datasets import is_iterable_style
 from ferry.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -260,7 +262,7 @@ class DataLoader(Generic[T_co]):
             if self._persistent_iterator is None:
                 self._persistent_iterator = self._make_iterator()
             else:
-                self._persistent_iterator._restart()
+                self._persistent_iterator._restart(self._plan())
             return self._persistent_iterator
         return self._make_iterator()
 
@@ -281,11 +283,40 @@ class DataLoader(Generic[T_co]):
         return self._make_iterator()
 
     def _make_iterator(self) -> LoaderIterator:
+        plan = self._plan()
         if self.num_workers == 0:
-            return InlineIterator(self)
+            return InlineIterator(plan)
         from ferry._engine.pool import WorkerIterator
 
-        return WorkerIterator(self)
+        return WorkerIterator(plan)
+
+    def _plan(self) -> EpochPlan:
+        """This loader's parts and options as the next epoch will use them."""
+        pin = self.pin_memory and accelerator_available()
+        if self.pin_memory and not pin:
+            self._warn_no_accelerator()
+        return EpochPlan(
+            dataset=self.dataset,
+            iterable_style=self._iterable_style,
+            sampler=self.sampler,
+            batch_sampler=self.batch_sampler,
+            batch_size=self.batch_size,
+            collate_fn=self.collate_fn,
+            drop_last=self.drop_last,
+            generator=self.generator,
+            num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor,
+            timeout=self.timeout,
+            worker_init_fn=self.worker_init_fn,
+            multiprocessing_context=self.multiprocessing_context,
+            persistent_workers=self.persistent_workers,
+            in_order=self.in_order,
+            worker_type=self.worker_type,
+            pin=pin,
+            pin_memory_device=self.pin_memory_device,
+            buffer_pool=self._buffer_pool(),
+            reported_length=self._iterable_len_reported,
+        )
 
     def __len__(self) -> int:
         if not self._iterable_style:
@@ -314,7 +345,7 @@ class DataLoader(Generic[T_co]):
                 "pin_memory=True, but this machine has no accelerator: batches are returned in "
                 "ordinary (unpinned) memory",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
 
     def check_worker_number_rationality(self) -> None:

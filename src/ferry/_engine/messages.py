@@ -72,9 +72,10 @@ class Exhausted:
 class Failed:
     """User code raised in a worker.
 
-    ``task`` is None when the failure happened before any task (in ``worker_init_fn``).
-    ``exception`` is the pickled exception, or None if it could not be pickled; then
-    ``type_name`` and ``message`` describe it.
+    ``task`` is None when the failure happened before any task; ``stage`` then says where
+    (in ``worker_init_fn``, or opening the dataset's stream). ``exception`` is the pickled
+    exception, or None if it could not be pickled; then ``type_name`` and ``message`` describe
+    it.
     """
 
     task: int | None
@@ -84,3 +85,4 @@ class Failed:
     message: str
     traceback: str
     exception: bytes | None = field(default=None, repr=False)
+    stage: str = ""

@@ -32,8 +32,9 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle
 from typing import TYPE_CHECKING, Any, cast
 
-from ferry._engine.iterator import LoaderIterator, epoch_keys
+from ferry._engine.iterator import LoaderIterator
 from ferry._engine.messages import Done, Exhausted, Failed, Fetch, NewSlab, Ready, Resume, Stop
+from ferry._engine.plan import EpochPlan
 from ferry._engine.shm import SlabMaps
 from ferry._engine.worker import WorkerConfig, process_worker_main, thread_worker_main
 from ferry.distributed import _process_group_rank_world as process_group_rank_world
@@ -41,8 +42,6 @@ from ferry.errors import WorkerDied, WorkerTimeout, add_note, describe_key, rebu
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
-
-    from ferry.loader import DataLoader
 
 __all__ = ["WorkerGroup", "WorkerIterator"]
 
@@ -68,7 +67,9 @@ class _Worker:
 
     def send(self, message: Any) -> None:
         if self.conn is not None:
-            self.conn.send(message)
+            # Plain pickle, not multiprocessing's: its tensor reduction would share index
+            # tensors through file descriptors and start a descriptor-sharing thread for good.
+            self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         else:
             assert self.inbox is not None
             self.inbox.put(message)
@@ -84,6 +85,9 @@ class WorkerGroup:
         self.workers: list[_Worker] = []
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # thread workers' results
         self.closed = False
+        # Set at shutdown: thread workers check it before each fetch, so they do not work
+        # through tasks queued behind the stop request.
+        self.stopping = threading.Event()
         # A forked child inherits this object (and the finalizer that calls shutdown); only the
         # process that started the workers may stop them.
         self.owner_pid = os.getpid()
@@ -93,6 +97,7 @@ class WorkerGroup:
         if self.closed or os.getpid() != self.owner_pid:
             return
         self.closed = True
+        self.stopping.set()
         started = [w for w in self.workers if w.pid is not None or w.thread is not None]
         for worker in started:
             with contextlib.suppress(OSError, ValueError):  # already gone
@@ -136,7 +141,7 @@ class WorkerGroup:
                     continue
                 conn = cast(Connection, ready)
                 try:
-                    if isinstance(conn.recv(), NewSlab):
+                    if isinstance(pickle.loads(conn.recv_bytes()), NewSlab):
                         os.close(recv_handle(conn))
                 except (EOFError, OSError):
                     conns.pop(conn, None)
@@ -183,13 +188,13 @@ def _explain_start_failure(exc: Exception, config: WorkerConfig, context: Any) -
     return exc
 
 
-def _start_threads(group: WorkerGroup, configs: list[WorkerConfig], loader: Any) -> None:
-    pool = loader._buffer_pool()
+def _start_threads(group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPlan) -> None:
+    pool = plan.buffer_pool
     for config in configs:
         inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         thread = threading.Thread(
             target=thread_worker_main,
-            args=(config, inbox, group.outbox, pool),
+            args=(config, inbox, group.outbox, pool, group.stopping),
             name=f"ferry-worker-{config.worker_id}",
             daemon=True,
         )
@@ -209,13 +214,18 @@ class _Task:
 class WorkerIterator(LoaderIterator):
     """``num_workers > 0``: batches are made by worker processes or threads."""
 
-    def __init__(self, loader: DataLoader[Any]) -> None:
-        super().__init__(loader)
-        self._num_workers = loader.num_workers
-        self._prefetch = loader.prefetch_factor or 2
-        self._in_order = loader.in_order
-        self._timeout = float(loader.timeout)
-        self._threads = loader.worker_type == "thread"
+    def __init__(self, plan: EpochPlan) -> None:
+        if not plan.prefetch_factor:
+            # torch refuses it too (when the iterator is made): no batch could ever be asked.
+            raise ValueError(
+                f"prefetch_factor must be >= 1 with num_workers > 0, got {plan.prefetch_factor}"
+            )
+        super().__init__(plan)
+        self._num_workers = plan.num_workers
+        self._prefetch = plan.prefetch_factor
+        self._in_order = plan.in_order
+        self._timeout = float(plan.timeout)
+        self._threads = plan.worker_type == "thread"
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.shutdown)
         self._fatal: BaseException | None = None
@@ -224,12 +234,12 @@ class WorkerIterator(LoaderIterator):
                 worker_id=i,
                 num_workers=self._num_workers,
                 base_seed=self._base_seed,
-                dataset=loader.dataset,
-                iterable=loader._iterable_style,
-                auto_collation=loader._auto_collation,
-                collate_fn=loader.collate_fn,
-                drop_last=loader.drop_last,
-                worker_init_fn=loader.worker_init_fn,
+                dataset=plan.dataset,
+                iterable=plan.iterable_style,
+                auto_collation=plan.auto_collation,
+                collate_fn=plan.collate_fn,
+                drop_last=plan.drop_last,
+                worker_init_fn=plan.worker_init_fn,
                 parent_pid=os.getpid(),
                 rank_world=process_group_rank_world(),
             )
@@ -237,9 +247,9 @@ class WorkerIterator(LoaderIterator):
         ]
         try:
             if self._threads:
-                _start_threads(self._group, configs, loader)
+                _start_threads(self._group, configs, plan)
             else:
-                context = loader.multiprocessing_context or multiprocessing.get_context()
+                context = plan.multiprocessing_context or multiprocessing.get_context()
                 _start_processes(self._group, configs, context)
         except BaseException:
             self._finalizer()
@@ -254,7 +264,7 @@ class WorkerIterator(LoaderIterator):
         # torch asks the sampler for a fresh iterator when workers start, and draws from it
         # right away to fill the prefetch queue; so does ferry, so RNG draws happen in the
         # same order.
-        self._keys: Iterator[Any] = epoch_keys(self._loader, self._gathers)
+        self._keys: Iterator[Any] = self._plan.keys(self._gathers)
         self._keys_done = False
         self._tasks: dict[int, _Task] = {}
         self._first_task = self._next_task
@@ -265,12 +275,12 @@ class WorkerIterator(LoaderIterator):
         for _ in range(self._prefetch * self._num_workers):
             self._dispatch()
 
-    def _restart(self) -> None:
+    def _restart(self, plan: EpochPlan) -> None:
         """Next epoch with the same (persistent) workers; stale results are dropped as they come."""
         if self._fatal is not None or self._group.closed:
             raise RuntimeError("this DataLoader's persistent workers were shut down after an error")
+        self._plan = plan
         self._num_yielded = 0
-        self._reported_length = self._loader._iterable_len_reported
         self._length_warned = False
         for worker in self._workers:
             worker.send(Resume(worker.slabs.take_freed()))
@@ -318,7 +328,7 @@ class WorkerIterator(LoaderIterator):
         try:
             return self._next_result()
         except StopIteration:
-            if not self._loader.persistent_workers:
+            if not self._plan.persistent_workers:
                 self._finalizer()
             raise
         except (WorkerDied, WorkerTimeout) as exc:
@@ -370,7 +380,7 @@ class WorkerIterator(LoaderIterator):
         if isinstance(message, Ready):
             return
         if isinstance(message, Failed) and message.task is None:
-            exc = self._worker_exception(message, "while starting (in worker_init_fn)")
+            exc = self._worker_exception(message, f"while starting ({message.stage})")
             self._fatal = exc
             self._finalizer()
             raise exc
@@ -451,10 +461,10 @@ class WorkerIterator(LoaderIterator):
     def _read(self, worker: _Worker) -> Any:
         assert worker.conn is not None
         try:
-            message = worker.conn.recv()
+            message = pickle.loads(worker.conn.recv_bytes())
             while isinstance(message, NewSlab):
                 worker.slabs.add(message.slab_id, message.size, recv_handle(worker.conn))
-                message = worker.conn.recv()
+                message = pickle.loads(worker.conn.recv_bytes())
         except (EOFError, OSError):
             raise self._died(worker) from None
         return message
@@ -482,7 +492,7 @@ class WorkerIterator(LoaderIterator):
             )
         worker = self._workers[task.worker_id]
         return WorkerTimeout(
-            f"DataLoader timed out after {self._timeout} s (timeout={self._loader.timeout}) "
+            f"DataLoader timed out after {self._timeout} s (timeout={self._plan.timeout}) "
             f"waiting for worker {task.worker_id} (pid {worker.pid or os.getpid()}) to fetch "
             f"{describe_key(task.key, self._iterable_style)}"
         )

@@ -208,22 +208,49 @@ class _BatchPickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO, allocator: SlabAllocator) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._allocator = allocator
+        # One reference per tensor object: the same tensor twice in a batch stays one tensor.
+        # The tensors are kept here so their ids cannot be reused while pickling.
+        self._seen: dict[int, tuple[torch.Tensor, tuple[Any, ...]]] = {}
 
     def persistent_id(self, obj: Any) -> Any:
         if not isinstance(obj, torch.Tensor) or not _shareable(obj) or obj.numel() == 0:
             return None
         if any(st < 0 for st in obj.stride()):
             return None
+        seen = self._seen.get(id(obj))
+        if seen is not None:
+            return seen[1]
         found = self._allocator.locate(obj)
+        placed = obj
         if found is None:
             # Not built by collate in a slab (a custom collate_fn, batching off): one copy in.
-            copy = self._allocator.empty(tuple(obj.shape), obj.dtype)
-            copy.copy_(obj)
-            obj = copy
-            found = self._allocator.locate(obj)
+            placed = self._copy_in(obj)
+            found = self._allocator.locate(placed)
             assert found is not None
         slab, offset = found
-        return ("ferry-slab", slab.id, offset, obj.dtype, tuple(obj.shape), tuple(obj.stride()))
+        ref = (
+            "ferry-slab",
+            slab.id,
+            offset,
+            obj.dtype,
+            tuple(placed.shape),
+            tuple(placed.stride()),
+        )
+        self._seen[id(obj)] = (obj, ref)
+        return ref
+
+    def _copy_in(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy of ``tensor`` in a slab, with the same strides when they cover its bytes
+        densely (a transposed or channels-last tensor stays so); contiguous otherwise."""
+        shape, stride = tuple(tensor.shape), tuple(tensor.stride())
+        dense = _extent_bytes(shape, stride, tensor.element_size()) == tensor.nbytes
+        if dense:
+            flat = self._allocator.empty((tensor.numel(),), tensor.dtype)
+            copy = flat.as_strided(shape, stride)
+        else:
+            copy = self._allocator.empty(shape, tensor.dtype)
+        copy.copy_(tensor)
+        return copy
 
 
 def encode_batch(batch: Any, allocator: SlabAllocator) -> tuple[bytes, list[Slab]]:
@@ -287,8 +314,16 @@ class SlabMaps:
     def decode(self, payload: bytes, slabs: tuple[int, ...]) -> Any:
         leases = {slab_id: _Lease(slab_id, self._release) for slab_id in slabs}
         maps = self._maps
+        loaded: dict[Any, torch.Tensor] = {}
 
         def load(pid: Any) -> torch.Tensor:
+            # The same reference twice is the same tensor object twice, as it was pickled.
+            tensor = loaded.get(pid)
+            if tensor is None:
+                tensor = loaded[pid] = load_new(pid)
+            return tensor
+
+        def load_new(pid: Any) -> torch.Tensor:
             _, slab_id, offset, dtype, shape, stride = pid
             nbytes = _extent_bytes(shape, stride, dtype.itemsize)
             view = memoryview(maps[slab_id])[offset : offset + nbytes]

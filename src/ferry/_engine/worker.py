@@ -81,20 +81,25 @@ class WorkerConfig:
 
 
 def seed_process(config: WorkerConfig) -> None:
-    """torch's seed is ``base_seed + worker_id`` (as in torch); Python's ``random`` gets the same,
-    and numpy's global generator a seed derived from both, so no two workers of a loader, nor
-    two epochs, share a random stream."""
+    """Seed the worker's global generators as torch seeds its workers.
+
+    torch and Python's ``random`` get ``base_seed + worker_id``; numpy's global generator gets
+    four words that numpy's ``SeedSequence`` mixes from ``(worker_id, base_seed)``, which is
+    the state torch gives it too, so numpy-based augmentations draw what they draw under torch.
+    No two workers of a loader, nor two epochs, share a random stream.
+    """
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     try:
         import numpy as np
     except ImportError:
         return
-    sequence = np.random.SeedSequence([config.base_seed, config.worker_id])
-    np.random.seed(int(sequence.generate_state(1)[0]))
+    low, high = config.base_seed & 0xFFFFFFFF, config.base_seed >> 32
+    words = np.random.SeedSequence([config.worker_id, low, high, 0]).generate_state(4)
+    np.random.seed(words)
 
 
-def failure(task: int | None, worker_id: int, exc: BaseException) -> Failed:
+def failure(task: int | None, worker_id: int, exc: BaseException, stage: str = "") -> Failed:
     """Describe an exception raised by user code so the main process can raise it again."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     blob: bytes | None
@@ -104,7 +109,7 @@ def failure(task: int | None, worker_id: int, exc: BaseException) -> Failed:
     except Exception:
         blob = None
     name = f"{type(exc).__module__}.{type(exc).__qualname__}"
-    return Failed(task, worker_id, os.getpid(), name, str(exc), text, blob)
+    return Failed(task, worker_id, os.getpid(), name, str(exc), text, blob, stage)
 
 
 def run_worker_loop(
@@ -115,14 +120,19 @@ def run_worker_loop(
     allocator: Allocator | None,
     slabs: SlabAllocator | None,
     send_slab: Callable[[int], None] | None,
+    stopping: threading.Event,
 ) -> None:
-    """Answer tasks until :class:`Stop`. Shared by process and thread workers."""
+    """Answer tasks until :class:`Stop`, or until ``stopping`` is set (checked before each
+    fetch, so tasks queued behind a stop request are not fetched). Shared by process and
+    thread workers."""
+    stage = "in worker_init_fn"
     try:
         if config.worker_init_fn is not None:
             config.worker_init_fn(config.worker_id)
+        stage = "opening its dataset stream" if config.iterable else "setting up its fetcher"
         fetcher = config.fetcher()
     except BaseException as exc:
-        send(failure(None, config.worker_id, exc))
+        send(failure(None, config.worker_id, exc, stage))
         return
     send(Ready(config.worker_id, os.getpid()))
     while True:
@@ -135,6 +145,8 @@ def run_worker_loop(
             fetcher = config.fetcher()
             continue
         assert isinstance(message, Fetch)
+        if stopping.is_set():
+            return
         if slabs is not None:
             slabs.begin(message.freed)
         try:
@@ -165,13 +177,18 @@ def run_worker_loop(
         send(Done(message.task, payload, tuple(s.id for s in used)))
 
 
-def _watch_parent(conn: Connection, inbox: queue.SimpleQueue[Any], parent_pid: int) -> None:
+def _watch_parent(
+    conn: Connection, inbox: queue.SimpleQueue[Any], parent_pid: int, stopping: threading.Event
+) -> None:
     """Reader thread of a process worker: drain the connection, and end the worker at once if
-    the main process is gone (its end of the connection closed, or we were re-parented)."""
+    the main process is gone (its end of the connection closed, or the worker was re-parented:
+    ``parent_pid`` is the parent at start-up, the main process or a forkserver)."""
     while True:
         try:
             if conn.poll(PARENT_CHECK_INTERVAL):
-                message = conn.recv()
+                message = pickle.loads(conn.recv_bytes())
+                if isinstance(message, Stop):
+                    stopping.set()
                 inbox.put(message)
                 if isinstance(message, Stop):
                     return
@@ -189,9 +206,10 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
     set_process_worker_info(config.info())
     inherit_rank_world(config.rank_world)
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    stopping = threading.Event()
     reader = threading.Thread(
         target=_watch_parent,
-        args=(conn, inbox, config.parent_pid),
+        args=(conn, inbox, os.getppid(), stopping),
         name=f"ferry-worker-{config.worker_id}-reader",
         daemon=True,
     )
@@ -199,16 +217,20 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
     slabs = SlabAllocator() if SLABS_SUPPORTED else None
 
     def send_slab(fd: int) -> None:
-        send_handle(conn, fd, os.getppid())
+        send_handle(conn, fd, config.parent_pid)
+
+    def send(message: Any) -> None:
+        conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     try:
         run_worker_loop(
             config,
             receive=inbox.get,
-            send=conn.send,
+            send=send,
             allocator=slabs,
             slabs=slabs,
             send_slab=send_slab,
+            stopping=stopping,
         )
     except (BrokenPipeError, EOFError, ConnectionResetError):
         pass  # the main process went away mid-send; nothing is left to tell it
@@ -222,6 +244,7 @@ def thread_worker_main(
     inbox: queue.SimpleQueue[Any],
     outbox: queue.SimpleQueue[Any],
     allocator: Allocator,
+    stopping: threading.Event,
 ) -> None:
     """Entry point of a worker thread: same loop, objects passed as they are."""
     set_thread_worker_info(config.info())
@@ -232,7 +255,13 @@ def thread_worker_main(
 
     try:
         run_worker_loop(
-            config, receive=inbox.get, send=send, allocator=allocator, slabs=None, send_slab=None
+            config,
+            receive=inbox.get,
+            send=send,
+            allocator=allocator,
+            slabs=None,
+            send_slab=None,
+            stopping=stopping,
         )
     except BaseException as exc:  # a bug of ours: let the main thread see it rather than hang
         send(failure(None, worker_id, exc))

@@ -1,0 +1,1 @@
+"""Tests of worker failures: errors, deaths, timeouts, shutdown and leaks."""

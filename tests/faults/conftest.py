@@ -1,0 +1,5 @@
+"""Fixtures of the fault tests: see :mod:`workers.fixtures`."""
+
+from workers.fixtures import kind, no_leftovers
+
+__all__ = ["kind", "no_leftovers"]

@@ -1,0 +1,46 @@
+"""Running out of shared memory gives an OSError that says what to do, not a crash."""
+
+from __future__ import annotations
+
+import pytest
+
+from ferry._engine import shm
+from workers.support import open_fds
+
+GUIDANCE = ("shared memory", "batch_size", "num_workers", "prefetch_factor", "worker_type='thread'")
+
+
+@pytest.mark.timeout(10)
+def test_out_of_shared_memory_wording() -> None:
+    error = shm._out_of_shared_memory(123456789)
+    assert isinstance(error, OSError)
+    message = str(error)
+    assert "123456789 bytes" in message, message
+    for words in GUIDANCE:
+        assert words in message, (words, message)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.skipif(not shm.SLABS_SUPPORTED, reason="no memfd_create on this platform")
+@pytest.mark.parametrize("size", [1 << 60, 1 << 50], ids=["2**60", "2**50"])
+def test_absurd_slab_fails_with_guidance(size: int) -> None:
+    fds = open_fds()
+    with pytest.raises(OSError, match=f"{size} bytes") as caught:
+        shm.Slab(0, size)
+    for words in GUIDANCE:
+        assert words in str(caught.value), (words, str(caught.value))
+    assert isinstance(caught.value.__cause__, OSError)
+    assert open_fds() == fds, "the memory file of the failed slab was not closed"
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.skipif(not shm.SLABS_SUPPORTED, reason="no memfd_create on this platform")
+def test_worker_allocator_reports_the_same_error() -> None:
+    """A batch tensor too large for memory, asked of a worker's allocator, raises the same
+    OSError (which then travels to the training loop like any error in collate)."""
+    allocator = shm.SlabAllocator()
+    allocator.begin(())
+    with pytest.raises(OSError, match="batch_size"):
+        allocator.empty((1 << 40, 1 << 10), shm.torch.float32)
+    allocator.abandon()
+    allocator.close()

@@ -1,0 +1,1 @@
+"""Worker loading (processes and threads): differential against torch, options, zero-copy."""

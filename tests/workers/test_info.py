@@ -1,0 +1,195 @@
+"""What a worker knows about itself: get_worker_info, seeding, worker_init_fn.
+
+Seeds are compared with torch's workers given the same ``generator``: the base seed is drawn
+like torch's, so every worker gets torch's seed, and the RNGs seeded from it (torch's and
+Python's ``random``) give torch's numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import ferry
+from workers import datasets as ds
+from workers.support import FAST, PROCESSES, Kind, worker_pids
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+NUM_WORKERS = 2
+
+
+def probe(module: Any, n: int, generator_seed: int | None, **kwargs: Any) -> list[dict[str, Any]]:
+    """Every sample of a :class:`~workers.datasets.Probe` (batching off, in index order)."""
+    generator = None if generator_seed is None else torch.Generator().manual_seed(generator_seed)
+    loader = module.DataLoader(
+        ds.Probe(n, module.get_worker_info),
+        batch_size=None,
+        num_workers=NUM_WORKERS,
+        worker_init_fn=ds.record_init,
+        generator=generator,
+        **kwargs,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return list(loader)
+
+
+def without_thread(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in call.items() if k != "thread"} for call in calls]
+
+
+def torch_probe(n: int, generator_seed: int | None) -> list[dict[str, Any]]:
+    return probe(tud, n, generator_seed, multiprocessing_context="fork")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fork", "forkserver", "thread"], indirect=True)
+def test_worker_info_fields(kind: Kind) -> None:
+    dataset = ds.Probe(6, ferry.get_worker_info)
+    loader = ferry.DataLoader(dataset, batch_size=None, num_workers=NUM_WORKERS, **kind.kwargs)
+    iterator = iter(loader)
+    got = list(iterator)
+    assert [s["index"] for s in got] == list(range(6))
+    assert [s["id"] for s in got] == [i % NUM_WORKERS for i in range(6)]
+    assert {s["num_workers"] for s in got} == {NUM_WORKERS}
+    base = got[0]["seed"]
+    assert [s["seed"] for s in got] == [base + s["id"] for s in got]
+    assert all(s["same_dataset"] for s in got), "info.dataset is not the dataset fetching"
+    if kind.threads:
+        # Thread workers share the loader's dataset object: what they do to it is seen here.
+        assert {s["dataset_id"] for s in got} == {id(dataset)}
+        assert {s["pid"] for s in got} == {os.getpid()}
+        assert len({s["thread"] for s in got}) == NUM_WORKERS
+        assert dataset.calls == 6
+    else:
+        # Each worker has its own copy: its calls count only its own samples.
+        assert [s["calls"] for s in got] == [1, 1, 2, 2, 3, 3]
+        assert dataset.calls == 0
+        assert [s["pid"] for s in got[:NUM_WORKERS]] == worker_pids(iterator)
+        assert os.getpid() not in {s["pid"] for s in got}
+    assert ferry.get_worker_info() is None
+    process_type = {"thread": "_MainProcess", "fork": "ForkProcess"}
+    process_type["forkserver"] = "ForkServerProcess"
+    assert {s["process_type"] for s in got} == {process_type[kind.name]}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", FAST, indirect=True)
+def test_main_thread_sees_no_worker_info_while_workers_run(kind: Kind) -> None:
+    loader = ferry.DataLoader(
+        ds.Probe(4, ferry.get_worker_info), batch_size=None, num_workers=2, **kind.kwargs
+    )
+    for sample in loader:
+        assert sample["id"] in (0, 1)
+        assert ferry.get_worker_info() is None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", PROCESSES, indirect=True)
+def test_seeds_and_rngs_match_torch(kind: Kind) -> None:
+    """Same generator: the same worker seeds as torch's workers, torch.initial_seed() is the
+    seed, and torch's and Python's RNGs give torch's numbers; worker_init_fn runs once per
+    worker, with its id, after seeding."""
+    expected = torch_probe(6, 99)
+    got = probe(ferry, 6, 99, **kind.kwargs)
+    fields = ("index", "id", "num_workers", "seed", "initial_seed", "random", "torch")
+    for want, have in zip(expected, got, strict=True):
+        assert {f: have[f] for f in fields} == {f: want[f] for f in fields}
+        assert without_thread(have["init"]) == without_thread(want["init"])
+    types = {"fork": "ForkProcess", "spawn": "SpawnProcess", "forkserver": "ForkServerProcess"}
+    assert {s["process_type"] for s in got} == {types[kind.name]}
+    for sample in got:
+        assert sample["initial_seed"] == sample["seed"]
+        (init,) = sample["init"]
+        assert init["worker_id"] == init["info_id"] == sample["id"]
+        assert init["initial_seed"] == sample["seed"]
+        assert init["random"] == random.Random(sample["seed"]).random()
+
+
+@pytest.mark.timeout(60)
+def test_numpy_rng_matches_torch() -> None:
+    """numpy's global RNG in a worker is seeded as torch seeds it, so augmentations drawn from
+    np.random give torch's samples for the same generator."""
+    expected = torch_probe(4, 5)
+    got = probe(ferry, 4, 5, multiprocessing_context="fork")
+    assert [s["numpy"] for s in got] == [s["numpy"] for s in expected]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fork"], indirect=True)
+def test_base_seed_drawn_from_global_rng_like_torch(kind: Kind) -> None:
+    torch.manual_seed(2024)
+    expected = torch_probe(2, None)
+    after_torch = torch.rand(1)
+    torch.manual_seed(2024)
+    got = probe(ferry, 2, None, **kind.kwargs)
+    assert torch.equal(torch.rand(1), after_torch)
+    assert [s["seed"] for s in got] == [s["seed"] for s in expected]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fork"], indirect=True)
+def test_random_streams_differ_between_workers_and_epochs(kind: Kind) -> None:
+    loader = ferry.DataLoader(
+        ds.Probe(6, ferry.get_worker_info), batch_size=None, num_workers=3, **kind.kwargs
+    )
+    epochs = [list(loader) for _ in range(2)]
+    for source in ("random", "numpy", "torch"):
+        first = [s[source] for s in epochs[0]]
+        second = [s[source] for s in epochs[1]]
+        # The first draw of each of the three workers: all different.
+        assert len(set(first[:3])) == 3, (source, first)
+        assert set(first).isdisjoint(second), (source, first, second)
+    assert len({s["seed"] for s in epochs[0]} | {s["seed"] for s in epochs[1]}) == 6
+
+
+@pytest.mark.timeout(60)
+def test_worker_init_fn_once_per_thread_worker() -> None:
+    got = probe(ferry, 6, 3, worker_type="thread")
+    calls = list(ds.INIT_CALLS)
+    assert sorted(c["worker_id"] for c in calls) == list(range(NUM_WORKERS))
+    for call in calls:
+        assert call["info_id"] == call["worker_id"]
+        assert call["thread"] != threading.get_ident()
+    thread_of = {c["worker_id"]: c["thread"] for c in calls}
+    assert all(s["thread"] == thread_of[s["id"]] for s in got)
+    expected = torch_probe(6, 3)
+    assert [s["seed"] for s in got] == [s["seed"] for s in expected]
+
+
+def two_epochs(module: Any, **kwargs: Any) -> list[list[dict[str, Any]]]:
+    loader = module.DataLoader(
+        ds.Probe(4, module.get_worker_info),
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        generator=torch.Generator().manual_seed(8),
+        **kwargs,
+    )
+    return [list(loader), list(loader)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", FAST, indirect=True)
+def test_persistent_workers_keep_their_rng_between_epochs(kind: Kind) -> None:
+    """As in torch, persistent workers are seeded once: the second epoch continues the
+    streams with the same seeds, in the same workers."""
+    first, second = two_epochs(ferry, **kind.kwargs)
+    assert [s["seed"] for s in first] == [s["seed"] for s in second]
+    assert [s["pid"] for s in first] == [s["pid"] for s in second]
+    assert [s["thread"] for s in first] == [s["thread"] for s in second]
+    if kind.threads:
+        return
+    assert [s["calls"] for s in second] == [3, 3, 4, 4]
+    expected = two_epochs(tud, multiprocessing_context="fork")
+    fields = ("seed", "random", "torch", "calls")
+    for want, have in zip(expected[0] + expected[1], first + second, strict=True):
+        assert {f: have[f] for f in fields} == {f: want[f] for f in fields}
