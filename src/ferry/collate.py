@@ -161,26 +161,32 @@ def collate_tensor_fn(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = No
             f"collate: sparse tensors ({elem.layout}) cannot be stacked into a batch; pass a "
             "collate_fn that builds the batch you need"
         )
-    if active_allocator() is None or not _stackable_into_buffer(batch):
-        return torch.stack(list(batch), 0)
-    out = batch_empty((len(batch), *elem.shape), elem.dtype)
-    return torch.stack(list(batch), 0, out=out)
+    samples = list(batch)
+    allocator = active_allocator()
+    if allocator is None or len(samples) * elem.nbytes < allocator.min_bytes:
+        return torch.stack(samples, 0)
+    if not _stackable_into_buffer(samples):
+        return torch.stack(samples, 0)
+    out = batch_empty((len(samples), *elem.shape), elem.dtype)
+    try:
+        return torch.stack(samples, 0, out=out)
+    except RuntimeError:
+        # out= refuses what plain stack handles (tensors needing autograd, other devices):
+        # torch's result, not a buffer, is what the batch must be.
+        return torch.stack(samples, 0)
 
 
-def _stackable_into_buffer(batch: Sequence[torch.Tensor]) -> bool:
-    """Whether ``stack(out=buffer)`` gives what plain ``stack`` gives: plain contiguous CPU
-    tensors of one dtype, none needing autograd (``out=`` does not record gradients) nor a
-    subclass hook."""
-    dtype = batch[0].dtype
-    grad = torch.is_grad_enabled()
-    for t in batch:
-        if type(t) is not torch.Tensor or t.dtype != dtype or t.device.type != "cpu":
+def _stackable_into_buffer(samples: list[torch.Tensor]) -> bool:
+    """Whether ``stack(out=buffer)`` would give what plain ``stack`` gives, in what it could
+    not refuse: plain tensors (no subclass hook) of one dtype (``out=`` would cast rather than
+    promote), the first one contiguous (the batch takes its memory format). Autograd and
+    devices make ``out=`` raise, which the caller catches."""
+    first = samples[0]
+    dtype = first.dtype
+    for t in samples:
+        if type(t) is not torch.Tensor or t.dtype is not dtype:
             return False
-        if not t.is_contiguous():  # stack keeps e.g. channels_last; a plain buffer would not
-            return False
-        if grad and t.requires_grad:
-            return False
-    return True
+    return first.is_contiguous() and first.device.type == "cpu"
 
 
 def collate_numpy_array_fn(

@@ -31,7 +31,13 @@ _local = threading.local()
 
 
 class Allocator(Protocol):
-    """Gives an uninitialised CPU tensor of the given shape and dtype."""
+    """Gives an uninitialised CPU tensor of the given shape and dtype.
+
+    ``min_bytes``: below this size the allocator would only hand out a plain ``torch.empty``,
+    so callers may skip it (and any work done only to use it).
+    """
+
+    min_bytes: int
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
 
@@ -105,14 +111,14 @@ class BufferPool:
     """
 
     def __init__(self, *, min_bytes: int = 1 << 18, max_idle: int = 4) -> None:
-        self._min_bytes = max(min_bytes, 1)
+        self.min_bytes = max(min_bytes, 1)
         self._max_idle = max_idle
         self._storages: list[torch.UntypedStorage] = []
         self._lock = threading.Lock()
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self._min_bytes or _use_count is None:
+        if nbytes < self.min_bytes or _use_count is None:
             return torch.empty(shape, dtype=dtype)
         with self._lock:
             storage = self._take(nbytes)

@@ -24,7 +24,42 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Done", "Exhausted", "Failed", "Fetch", "NewSlab", "Ready", "Resume", "Stop"]
+import torch
+
+__all__ = [
+    "Done",
+    "Exhausted",
+    "Failed",
+    "Fetch",
+    "IndexTensor",
+    "NewSlab",
+    "Ready",
+    "Resume",
+    "Stop",
+]
+
+
+@dataclass(frozen=True)
+class IndexTensor:
+    """An ``int64`` index tensor (a batch key) in transit, held as plain ints.
+
+    torch pickles tensors through its serializer, about a millisecond per small tensor; a list
+    of ints pickles in microseconds.
+    """
+
+    values: list[int]
+
+    @classmethod
+    def pack(cls, key: Any) -> Any:
+        """``key`` ready to send: index tensors become an :class:`IndexTensor`."""
+        return cls(key.tolist()) if isinstance(key, torch.Tensor) else key
+
+    @staticmethod
+    def unpack(key: Any) -> Any:
+        """The key as the fetcher takes it."""
+        if isinstance(key, IndexTensor):
+            return torch.tensor(key.values, dtype=torch.int64)
+        return key
 
 
 @dataclass(frozen=True)

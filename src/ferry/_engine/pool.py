@@ -33,7 +33,17 @@ from multiprocessing.reduction import recv_handle
 from typing import TYPE_CHECKING, Any, cast
 
 from ferry._engine.iterator import LoaderIterator
-from ferry._engine.messages import Done, Exhausted, Failed, Fetch, NewSlab, Ready, Resume, Stop
+from ferry._engine.messages import (
+    Done,
+    Exhausted,
+    Failed,
+    Fetch,
+    IndexTensor,
+    NewSlab,
+    Ready,
+    Resume,
+    Stop,
+)
 from ferry._engine.plan import EpochPlan
 from ferry._engine.shm import SlabMaps
 from ferry._engine.worker import WorkerConfig, process_worker_main, thread_worker_main
@@ -302,9 +312,13 @@ class WorkerIterator(LoaderIterator):
         self._tasks[task] = _Task(worker_id, key)
         self._in_flight[worker_id] += 1
         try:
-            worker.send(Fetch(task, key, worker.slabs.take_freed()))
+            worker.send(Fetch(task, self._pack(key), worker.slabs.take_freed()))
         except OSError:
             raise self._died(worker) from None
+
+    def _pack(self, key: Any) -> Any:
+        # Thread workers take the key as it is; processes get index tensors as plain ints.
+        return key if self._threads else IndexTensor.pack(key)
 
     def _pick_worker(self) -> int:
         if self._in_order:

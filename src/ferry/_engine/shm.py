@@ -111,6 +111,8 @@ class SlabAllocator:
     steady state each batch fits in one slab and no slab is created.
     """
 
+    min_bytes = 0  # everything a worker's batch holds goes to shared memory
+
     def __init__(self) -> None:
         self.slabs: dict[int, Slab] = {}
         self._current: Slab | None = None

@@ -34,6 +34,7 @@ from ferry._engine.messages import (
     Exhausted,
     Failed,
     Fetch,
+    IndexTensor,
     NewSlab,
     Ready,
     Resume,
@@ -151,7 +152,7 @@ def run_worker_loop(
             slabs.begin(message.freed)
         try:
             with using_allocator(allocator):
-                batch = fetcher.fetch(message.key)
+                batch = fetcher.fetch(IndexTensor.unpack(message.key))
             if slabs is None:
                 send(Done(message.task, batch))
                 continue
