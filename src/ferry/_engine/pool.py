@@ -1,4 +1,4 @@
-"""The worker engine: dispatch, reorder, timeouts, liveness and shutdown.
+"""The worker engine: dispatch, reorder, timeouts and liveness.
 
 Batch order is torch's. Tasks (one per batch) are numbered in epoch order and handed to workers
 round-robin, skipping workers whose iterable stream has ended; each worker has at most
@@ -10,28 +10,27 @@ The main process waits on every worker connection *and* every worker process's s
 (:func:`multiprocessing.connection.wait`), so a worker that dies is noticed as soon as it dies,
 and ``timeout`` is measured by the same wait. Thread workers report through one queue.
 
-Teardown is layered and bounded (see :class:`WorkerGroup.shutdown`): ask every worker to stop,
-then terminate, then kill, each with a deadline; it runs when the epoch ends, when the iterator
-is garbage collected, or at interpreter exit, through ``weakref.finalize``.
+Teardown is :meth:`ferry._engine.group.WorkerGroup.shutdown` (layered, bounded); it runs when
+the epoch ends, on a fatal error, when the iterator is garbage collected, or at interpreter
+exit, through ``weakref.finalize``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import multiprocessing
 import os
 import pickle
 import queue
-import threading
 import time
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
+from ferry._engine.group import WorkerGroup, WorkerHandle, start_processes, start_threads
 from ferry._engine.iterator import LoaderIterator
 from ferry._engine.messages import (
     Done,
@@ -42,174 +41,19 @@ from ferry._engine.messages import (
     NewSlab,
     Ready,
     Resume,
-    Stop,
 )
 from ferry._engine.plan import EpochPlan
-from ferry._engine.shm import SlabMaps
-from ferry._engine.worker import WorkerConfig, process_worker_main, thread_worker_main
+from ferry._engine.worker import WorkerConfig
 from ferry.distributed import _process_group_rank_world as process_group_rank_world
 from ferry.errors import WorkerDied, WorkerTimeout, add_note, describe_key, rebuild_exception
 
 if TYPE_CHECKING:
-    from multiprocessing.process import BaseProcess
+    pass
 
-__all__ = ["WorkerGroup", "WorkerIterator"]
+__all__ = ["WorkerIterator"]
 
-# Shutdown deadlines (seconds): stop politely, then SIGTERM, then SIGKILL.
-_JOIN_AFTER_STOP = 0.5
-_JOIN_AFTER_TERMINATE = 0.5
-_JOIN_AFTER_KILL = 0.5
-# Thread workers cannot be interrupted: they exit after their current fetch. Wait only briefly.
-_JOIN_THREADS = 0.2
 # Longest single wait, so a timeout or a dead thread worker is noticed promptly.
 _WAIT_SLICE = 0.5
-
-
-@dataclass
-class _Worker:
-    worker_id: int
-    process: BaseProcess | None = None
-    conn: Connection | None = None
-    thread: threading.Thread | None = None
-    inbox: queue.SimpleQueue[Any] | None = None
-    slabs: SlabMaps = field(default_factory=SlabMaps)
-    pid: int | None = None
-
-    def send(self, message: Any) -> None:
-        if self.conn is not None:
-            # Plain pickle, not multiprocessing's: its tensor reduction would share index
-            # tensors through file descriptors and start a descriptor-sharing thread for good.
-            self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-        else:
-            assert self.inbox is not None
-            self.inbox.put(message)
-
-
-class WorkerGroup:
-    """The workers of one iterator: started together, stopped together.
-
-    Holds no reference to the iterator, so the iterator's finalizer can stop the group.
-    """
-
-    def __init__(self) -> None:
-        self.workers: list[_Worker] = []
-        self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # thread workers' results
-        self.closed = False
-        # Set at shutdown: thread workers check it before each fetch, so they do not work
-        # through tasks queued behind the stop request.
-        self.stopping = threading.Event()
-        # A forked child inherits this object (and the finalizer that calls shutdown); only the
-        # process that started the workers may stop them.
-        self.owner_pid = os.getpid()
-
-    def shutdown(self) -> None:
-        """Stop every worker within about two seconds, whatever state it is in."""
-        if self.closed or os.getpid() != self.owner_pid:
-            return
-        self.closed = True
-        self.stopping.set()
-        started = [w for w in self.workers if w.pid is not None or w.thread is not None]
-        for worker in started:
-            with contextlib.suppress(OSError, ValueError):  # already gone
-                worker.send(Stop())
-        processes = [w for w in started if w.process is not None]
-        self._drain_until_exit(processes, time.monotonic() + _JOIN_AFTER_STOP)
-        for step, grace in (("terminate", _JOIN_AFTER_TERMINATE), ("kill", _JOIN_AFTER_KILL)):
-            alive = [w for w in processes if w.process is not None and w.process.is_alive()]
-            if not alive:
-                break
-            for worker in alive:
-                assert worker.process is not None
-                getattr(worker.process, step)()
-            self._drain_until_exit(alive, time.monotonic() + grace)
-        deadline = time.monotonic() + _JOIN_THREADS
-        for worker in self.workers:
-            if worker.process is not None and worker.pid is not None:
-                worker.process.join(0)
-                if not worker.process.is_alive():
-                    worker.process.close()
-            if worker.conn is not None:
-                worker.conn.close()
-            worker.slabs.close()
-            if worker.thread is not None and worker.thread.is_alive():
-                worker.thread.join(max(0.0, deadline - time.monotonic()))
-
-    @staticmethod
-    def _drain_until_exit(workers: list[_Worker], deadline: float) -> None:
-        """Wait for the processes to exit, reading (and dropping) what they still send, so none
-        blocks on a full pipe; file descriptors of slabs that arrive are closed."""
-        sentinels = {w.process.sentinel: w for w in workers if w.process is not None}
-        conns = {w.conn: w for w in workers if w.conn is not None}
-        while sentinels and (left := deadline - time.monotonic()) > 0:
-            for ready in wait([*sentinels, *conns], timeout=left):
-                if isinstance(ready, int):
-                    # The sentinel fires as the child closes its files, just before it can
-                    # be reaped: a short blocking join collects it instead of leaving a zombie.
-                    process = sentinels.pop(ready).process
-                    assert process is not None
-                    process.join(max(0.05, deadline - time.monotonic()))
-                    continue
-                conn = cast(Connection, ready)
-                try:
-                    if isinstance(pickle.loads(conn.recv_bytes()), NewSlab):
-                        os.close(recv_handle(conn))
-                except (EOFError, OSError):
-                    conns.pop(conn, None)
-
-
-def _start_processes(group: WorkerGroup, configs: list[WorkerConfig], context: Any) -> None:
-    for config in configs:
-        parent_end, child_end = context.Pipe(duplex=True)
-        process = context.Process(
-            target=process_worker_main,
-            args=(config, child_end),
-            name=f"ferry-worker-{config.worker_id}",
-            daemon=True,
-        )
-        worker = _Worker(config.worker_id, process=process, conn=parent_end)
-        group.workers.append(worker)
-        try:
-            process.start()
-        except Exception as exc:
-            child_end.close()
-            raise _explain_start_failure(exc, config, context) from exc
-        child_end.close()
-        worker.pid = process.pid
-
-
-def _explain_start_failure(exc: Exception, config: WorkerConfig, context: Any) -> Exception:
-    """Name what could not be sent to a worker process (spawn and forkserver pickle it)."""
-    method = context.get_start_method()
-    for name in ("dataset", "collate_fn", "worker_init_fn"):
-        value = getattr(config, name)
-        try:
-            pickle.dumps(value)
-        except Exception as why:
-            message = (
-                f"DataLoader could not start worker processes with the {method!r} start method: "
-                f"{name} ({type(value).__qualname__}) cannot be pickled ({why}). Define it at "
-                "module level (not a lambda or a local function), use "
-                "multiprocessing_context='fork', or use worker_type='thread'."
-            )
-            try:
-                return type(exc)(message)
-            except Exception:
-                return RuntimeError(message)
-    return exc
-
-
-def _start_threads(group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPlan) -> None:
-    pool = plan.buffer_pool
-    for config in configs:
-        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        thread = threading.Thread(
-            target=thread_worker_main,
-            args=(config, inbox, group.outbox, pool, group.stopping),
-            name=f"ferry-worker-{config.worker_id}",
-            daemon=True,
-        )
-        group.workers.append(_Worker(config.worker_id, thread=thread, inbox=inbox))
-        thread.start()
 
 
 @dataclass
@@ -257,10 +101,10 @@ class WorkerIterator(LoaderIterator):
         ]
         try:
             if self._threads:
-                _start_threads(self._group, configs, plan)
+                start_threads(self._group, configs, plan)
             else:
                 context = plan.multiprocessing_context or multiprocessing.get_context()
-                _start_processes(self._group, configs, context)
+                start_processes(self._group, configs, context)
         except BaseException:
             self._finalizer()
             raise
@@ -453,7 +297,7 @@ class WorkerIterator(LoaderIterator):
         return got
 
     def _receive_processes(self, wait_for: float) -> tuple[int, Any] | None:
-        by_handle: dict[Any, _Worker] = {}
+        by_handle: dict[Any, WorkerHandle] = {}
         for worker in self._workers:
             assert worker.conn is not None
             assert worker.process is not None
@@ -472,7 +316,7 @@ class WorkerIterator(LoaderIterator):
             raise self._died(worker)
         return None
 
-    def _read(self, worker: _Worker) -> Any:
+    def _read(self, worker: WorkerHandle) -> Any:
         assert worker.conn is not None
         try:
             message = pickle.loads(worker.conn.recv_bytes())
@@ -489,7 +333,7 @@ class WorkerIterator(LoaderIterator):
             return "nothing"
         return "; ".join(describe_key(k, self._iterable_style) for k in keys)
 
-    def _died(self, worker: _Worker) -> WorkerDied:
+    def _died(self, worker: WorkerHandle) -> WorkerDied:
         exitcode = None
         if worker.process is not None:
             worker.process.join(0.1)
