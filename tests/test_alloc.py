@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from compat.strategies import TORCH_DTYPES
 from ferry._engine.alloc import BufferPool, active_allocator, batch_empty, using_allocator
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
@@ -44,24 +45,7 @@ def test_threshold_is_inclusive() -> None:
     assert len(pool) == 1
 
 
-@pytest.mark.parametrize(
-    "dtype",
-    [
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-    ],
-    ids=str,
-)
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
 def test_pooled_tensors_have_the_asked_shape_and_dtype(dtype: torch.dtype) -> None:
     pool = BufferPool(min_bytes=1)
     tensor = pool.empty((3, 5, 7), dtype)
