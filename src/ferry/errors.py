@@ -19,19 +19,31 @@ import pickle
 import signal
 from typing import Any
 
-__all__ = ["WorkerDied", "WorkerTimeout", "add_note", "describe_key"]
+__all__ = ["WorkerDied", "WorkerTimeout", "WorkerTraceback", "add_note", "describe_key"]
+
+
+class WorkerTraceback(Exception):
+    """Carries a worker's notes and traceback as an exception's cause, where Python (3.10)
+    does not print ``__notes__``: the traceback printer shows the cause above the error."""
 
 
 def add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)`` (Python >= 3.11), or the same ``__notes__`` list on 3.10."""
+    """``exc.add_note(note)`` (Python >= 3.11); on 3.10, the same ``__notes__`` list, also
+    shown through a :class:`WorkerTraceback` cause so that the note is printed."""
     if hasattr(exc, "add_note"):
         exc.add_note(note)
         return
+    _add_note_by_hand(exc, note)
+
+
+def _add_note_by_hand(exc: BaseException, note: str) -> None:
     notes = getattr(exc, "__notes__", None)
     if notes is None:
         notes = []
         exc.__notes__ = notes  # type: ignore[attr-defined]
     notes.append(note)
+    if exc.__cause__ is None or isinstance(exc.__cause__, WorkerTraceback):
+        exc.__cause__ = WorkerTraceback("\n".join(notes))
 
 
 def describe_key(key: Any, iterable: bool, limit: int = 16) -> str:

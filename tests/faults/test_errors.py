@@ -298,3 +298,19 @@ def test_batch_that_cannot_be_sent_back() -> None:
         what="indices [0, 1]",
         traceback=("pickle",),
     )
+
+
+def test_notes_are_printed_where_python_does_not_print_notes() -> None:
+    """On Python 3.10 (no native notes) the worker's notes ride along as the printed cause."""
+    import traceback
+
+    from ferry.errors import WorkerTraceback, _add_note_by_hand
+
+    exc = KeyError("no sample 13")
+    _add_note_by_hand(exc, "raised in DataLoader worker 1 (pid 42) while fetching indices [13]")
+    _add_note_by_hand(exc, "worker traceback:\nTraceback ...\nKeyError: 'no sample 13'")
+    assert exc.__notes__[0].startswith("raised in DataLoader worker 1")  # type: ignore[attr-defined]
+    assert isinstance(exc.__cause__, WorkerTraceback)
+    printed = "".join(traceback.format_exception(type(exc), exc, None))
+    assert "worker 1 (pid 42)" in printed
+    assert "worker traceback:" in printed
