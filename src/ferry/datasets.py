@@ -37,6 +37,7 @@ __all__ = [
     "Subset",
     "TensorDataset",
     "is_iterable_style",
+    "fetch_many",
     "random_split",
     "tensor_gather",
 ]
@@ -99,7 +100,7 @@ def is_iterable_style(dataset: object) -> bool:
     return hasattr(dataset, "__iter__")
 
 
-def _fetch_many(dataset: Any, indices: Sequence[Any]) -> Sequence[Any]:
+def fetch_many(dataset: Any, indices: Sequence[Any]) -> Sequence[Any]:
     """``dataset.__getitems__(indices)`` when it exists, else one ``__getitem__`` per key."""
     getitems = getattr(dataset, "__getitems__", None)
     if callable(getitems):
@@ -184,7 +185,7 @@ class StackDataset(Dataset[T_co]):
         parts = self.datasets.values() if isinstance(self.datasets, dict) else self.datasets
         columns = []
         for d in parts:
-            items = _fetch_many(d, indices)
+            items = fetch_many(d, indices)
             if len(items) != len(indices):
                 raise ValueError(
                     f"StackDataset: {type(d).__name__}.__getitems__ returned {len(items)} "
@@ -262,7 +263,7 @@ class ConcatDataset(Dataset[T_co]):
             by_part.setdefault(part, []).append((position, local))
         out: list[Any] = [None] * len(indices)
         for part, pairs in by_part.items():
-            items = _fetch_many(self.datasets[part], [local for _, local in pairs])
+            items = fetch_many(self.datasets[part], [local for _, local in pairs])
             for (position, _), item in zip(pairs, items, strict=True):
                 out[position] = item
         return out
@@ -322,7 +323,7 @@ class Subset(Dataset[T_co]):
         return self.dataset[self.indices[idx]]
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[Any]:
-        return _fetch_many(self.dataset, [self.indices[i] for i in indices])
+        return fetch_many(self.dataset, [self.indices[i] for i in indices])
 
     def __len__(self) -> int:
         return len(self.indices)

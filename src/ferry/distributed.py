@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 from collections.abc import Iterable, Iterator, Sized
-from typing import SupportsIndex, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed
 
 from ferry._engine.info import get_worker_info
+from ferry._validate import as_int, check_bool
 from ferry.samplers import TensorChunkSampler
 
 __all__ = ["DistributedSampler", "NoProcessGroupError", "shard", "shard_info"]
@@ -95,19 +95,6 @@ def _required_from_group(option: str) -> tuple[int, int]:
         f"DistributedSampler needs {option} from the default process group, but {reason}; "
         "or pass num_replicas and rank explicitly"
     )
-
-
-def _as_int(name: str, value: object) -> int:
-    """``value`` as an ``int``: any integer type (numpy's too), never a bool or a float."""
-    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    return operator.index(value)
-
-
-def _as_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
-    return value
 
 
 class DistributedSampler(TensorChunkSampler):
@@ -185,8 +172,8 @@ class DistributedSampler(TensorChunkSampler):
             num_replicas = _required_from_group("num_replicas")[1]
         if rank is None:
             rank = _required_from_group("rank")[0]
-        num_replicas = _as_int("num_replicas", num_replicas)
-        rank = _as_int("rank", rank)
+        num_replicas = as_int("num_replicas", num_replicas, allow_bool=False)
+        rank = as_int("rank", rank, allow_bool=False)
         if num_replicas <= 0:
             raise ValueError(f"num_replicas must be a positive integer, got {num_replicas}")
         if not 0 <= rank < num_replicas:
@@ -203,10 +190,10 @@ class DistributedSampler(TensorChunkSampler):
         self.num_replicas = num_replicas
         self.rank = rank
         self.epoch = 0
-        self.shuffle = _as_bool("shuffle", shuffle)
-        self.seed = _as_int("seed", seed)
-        self.drop_last = _as_bool("drop_last", drop_last)
-        self.pad = _as_bool("pad", pad)
+        self.shuffle = check_bool("shuffle", shuffle, error=TypeError)
+        self.seed = as_int("seed", seed, allow_bool=False)
+        self.drop_last = check_bool("drop_last", drop_last, error=TypeError)
+        self.pad = check_bool("pad", pad, error=TypeError)
         self._length = length
 
         if drop_last:
@@ -229,7 +216,7 @@ class DistributedSampler(TensorChunkSampler):
             ...     sampler.set_epoch(epoch)
             ...     for batch in loader: ...
         """
-        self.epoch = _as_int("epoch", epoch)
+        self.epoch = as_int("epoch", epoch, allow_bool=False)
 
     def __len__(self) -> int:
         return self.num_samples

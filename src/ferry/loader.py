@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import operator
 import os
 import threading
 import warnings
@@ -18,6 +17,7 @@ from ferry._engine.alloc import BufferPool
 from ferry._engine.iterator import InlineIterator, LoaderIterator
 from ferry._engine.pin import accelerator_available
 from ferry._engine.plan import EpochPlan
+from ferry._validate import as_int
 from ferry.collate import default_collate, default_convert
 from ferry.datasets import is_iterable_style
 from ferry.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -33,14 +33,6 @@ WorkerType = Literal["process", "thread"]
 _FROZEN_AFTER_INIT = frozenset(
     {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
 )
-
-
-def _as_index(name: str, value: object) -> int:
-    """An integer option: any integer type (numpy's too), as torch accepts."""
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
 
 
 class _StreamSampler(Sampler[None]):
@@ -105,11 +97,11 @@ class DataLoader(Generic[T_co]):
         in_order: bool = True,
         worker_type: WorkerType = "process",
     ) -> None:
-        num_workers = _as_index("num_workers", num_workers)
+        num_workers = as_int("num_workers", num_workers, allow_bool=True)
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
             raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
         if prefetch_factor is not None:
-            prefetch_factor = _as_index("prefetch_factor", prefetch_factor)
+            prefetch_factor = as_int("prefetch_factor", prefetch_factor, allow_bool=True)
         if num_workers < 0:
             raise ValueError(
                 f"num_workers must be >= 0 (0 loads in the main process), got {num_workers}"

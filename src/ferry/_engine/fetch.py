@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ferry.collate import RowBatch, default_collate, default_map_is_pristine
-from ferry.datasets import tensor_gather
+from ferry.datasets import fetch_many, tensor_gather
 
 __all__ = ["IterableFetcher", "MapFetcher", "make_fetcher", "one_call_gather"]
 
@@ -50,8 +50,7 @@ class MapFetcher:
         if isinstance(key, torch.Tensor) and self.gather is not None:
             # Already the collated batch: the columns of the rows at these indices.
             return list(self.gather(key))
-        getitems = getattr(self.dataset, "__getitems__", None)
-        samples = getitems(key) if getitems else [self.dataset[i] for i in key]
+        samples = fetch_many(self.dataset, key)
         if type(samples) is RowBatch and not self._default:
             samples = list(samples)  # a user's collate_fn gets the plain list torch would give
         return self.collate_fn(samples)

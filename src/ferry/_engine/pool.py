@@ -109,6 +109,14 @@ class WorkerIterator(LoaderIterator):
             self._finalizer()
             raise
         self._workers = self._group.workers
+        # What the main process waits on: every pipe and every process sentinel (fixed once
+        # the workers have started, so built once, not per batch).
+        self._handles: dict[Any, WorkerHandle] = {}
+        for worker in self._workers:
+            if worker.conn is not None and worker.process is not None:
+                self._handles[worker.conn] = worker
+                self._handles[worker.process.sentinel] = worker
+        self._waitables = list(self._handles)
         self._next_task = 0
         self._begin_epoch()
 
@@ -297,13 +305,8 @@ class WorkerIterator(LoaderIterator):
         return got
 
     def _receive_processes(self, wait_for: float) -> tuple[int, Any] | None:
-        by_handle: dict[Any, WorkerHandle] = {}
-        for worker in self._workers:
-            assert worker.conn is not None
-            assert worker.process is not None
-            by_handle[worker.conn] = worker
-            by_handle[worker.process.sentinel] = worker
-        ready = wait(list(by_handle), timeout=wait_for)
+        by_handle = self._handles
+        ready = wait(self._waitables, timeout=wait_for)
         for handle in ready:
             worker = by_handle[handle]
             if isinstance(handle, Connection):
