@@ -19,13 +19,21 @@ import bisect
 import itertools
 import math
 import operator
-import typing
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import torch
 
+from ferry._torch_types import (
+    TorchChainDataset,
+    TorchConcatDataset,
+    TorchDataset,
+    TorchIterableDataset,
+    TorchStackDataset,
+    TorchSubset,
+    TorchTensorDataset,
+)
 from ferry.collate import RowBatch
 
 __all__ = [
@@ -46,8 +54,11 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 
-class Dataset(Generic[T_co]):
+class Dataset(TorchDataset[T_co]):
     """Base of map-style datasets: keys (usually ``0..len-1``) map to samples.
+
+    A subclass of ``torch.utils.data.Dataset`` (so ``isinstance`` checks written for torch accept
+    it), with ferry's own behaviour.
 
     Subclasses define ``__getitem__``, usually ``__len__``, and optionally
     ``__getitems__(indices) -> list`` to fetch a whole batch in one call.
@@ -67,11 +78,11 @@ class Dataset(Generic[T_co]):
     def __getitem__(self, index: Any) -> T_co:
         raise NotImplementedError(f"{type(self).__name__} must define __getitem__")
 
-    def __add__(self, other: Dataset[T_co]) -> ConcatDataset[T_co]:
+    def __add__(self, other: TorchDataset[T_co]) -> ConcatDataset[T_co]:
         return ConcatDataset([self, other])
 
 
-class IterableDataset(Dataset[T_co], typing.Iterable[T_co]):
+class IterableDataset(Dataset[T_co], TorchIterableDataset[T_co]):
     """Base of iterable-style datasets: a stream of samples from ``__iter__``.
 
     ``__iter__`` is abstract: a subclass without it cannot be instantiated. With several
@@ -86,15 +97,11 @@ class IterableDataset(Dataset[T_co], typing.Iterable[T_co]):
 def is_iterable_style(dataset: object) -> bool:
     """True for iterable-style datasets.
 
-    That is: instances of :class:`IterableDataset` or of torch's ``IterableDataset`` (found by
-    class name and module, so ferry never imports ``torch.utils.data``), and objects that have
-    ``__iter__`` but neither ``__getitem__`` nor ``__getitems__``.
+    That is: instances of torch's ``IterableDataset`` (ferry's :class:`IterableDataset` is one),
+    and objects that have ``__iter__`` but neither ``__getitem__`` nor ``__getitems__``.
     """
-    if isinstance(dataset, IterableDataset):
+    if isinstance(dataset, TorchIterableDataset):
         return True
-    for cls in type(dataset).__mro__:
-        if cls.__name__ == "IterableDataset" and cls.__module__.startswith("torch.utils.data"):
-            return True
     if hasattr(dataset, "__getitem__") or hasattr(dataset, "__getitems__"):
         return False
     return hasattr(dataset, "__iter__")
@@ -108,7 +115,7 @@ def fetch_many(dataset: Any, indices: Sequence[Any]) -> Sequence[Any]:
     return [dataset[i] for i in indices]
 
 
-class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
+class TensorDataset(Dataset[tuple[torch.Tensor, ...]], TorchTensorDataset):
     """Rows of tensors that share their first dimension: sample ``i`` is ``(t[i] for t)``.
 
     A batch is gathered with one indexing call per tensor, not one per row.
@@ -144,7 +151,7 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
         return tuple(t[index] for t in self.tensors)
 
 
-class StackDataset(Dataset[T_co]):
+class StackDataset(Dataset[T_co], TorchStackDataset[Any]):
     """Samples of several same-length datasets side by side.
 
     Positional datasets give tuple samples, keyword datasets give dict samples.
@@ -201,7 +208,7 @@ class StackDataset(Dataset[T_co]):
         return self._length
 
 
-class ConcatDataset(Dataset[T_co]):
+class ConcatDataset(Dataset[T_co], TorchConcatDataset[T_co]):
     """Several map-style datasets read one after another; negative indices count from the end."""
 
     datasets: list[Any]
@@ -269,7 +276,7 @@ class ConcatDataset(Dataset[T_co]):
         return out
 
 
-class ChainDataset(IterableDataset):  # type: ignore[type-arg]
+class ChainDataset(IterableDataset, TorchChainDataset):  # type: ignore[type-arg]
     """Several iterable-style datasets streamed one after another."""
 
     datasets: Iterable[Any]
@@ -294,11 +301,12 @@ class ChainDataset(IterableDataset):  # type: ignore[type-arg]
         return sum(len(d) for d in self._checked())
 
 
-class Subset(Dataset[T_co]):
+class Subset(Dataset[T_co], TorchSubset[T_co]):
     """The samples of ``dataset`` at ``indices``, in that order."""
 
     dataset: Any
-    indices: Sequence[Any] | torch.Tensor
+    # Wider than torch's annotation (Sequence[int]), as wide as what torch accepts.
+    indices: Sequence[Any] | torch.Tensor  # type: ignore[assignment]
 
     def __init__(self, dataset: Any, indices: Sequence[Any] | torch.Tensor) -> None:
         cls = type(self)
@@ -322,7 +330,8 @@ class Subset(Dataset[T_co]):
             return self.dataset[[self.indices[i] for i in idx]]
         return self.dataset[self.indices[idx]]
 
-    def __getitems__(self, indices: Sequence[int]) -> Sequence[Any]:
+    # A Sequence, not necessarily a list: the inner dataset's batch may be a RowBatch.
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[Any]:  # type: ignore[override]
         return fetch_many(self.dataset, [self.indices[i] for i in indices])
 
     def __len__(self) -> int:

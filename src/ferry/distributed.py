@@ -28,6 +28,7 @@ import torch
 import torch.distributed
 
 from ferry._engine.info import get_worker_info
+from ferry._torch_types import TorchDistributedSampler
 from ferry._validate import as_int, check_bool
 from ferry.samplers import TensorChunkSampler
 
@@ -97,7 +98,7 @@ def _required_from_group(option: str) -> tuple[int, int]:
     )
 
 
-class DistributedSampler(TensorChunkSampler):
+class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
     """Yields the part of a map-style dataset's indices that belongs to one rank.
 
     The indices ``0 .. len(dataset) - 1`` (shuffled with a generator seeded with
@@ -146,7 +147,8 @@ class DistributedSampler(TensorChunkSampler):
         [0, 3]
     """
 
-    dataset: Sized
+    # Any sized object, as torch accepts too (its annotation says Dataset).
+    dataset: Sized  # type: ignore[assignment]
     num_replicas: int
     rank: int
     epoch: int

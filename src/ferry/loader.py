@@ -9,7 +9,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.context import BaseContext
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -17,6 +17,7 @@ from ferry._engine.alloc import BufferPool
 from ferry._engine.iterator import InlineIterator, LoaderIterator
 from ferry._engine.pin import accelerator_available
 from ferry._engine.plan import EpochPlan
+from ferry._torch_types import TorchDataLoader
 from ferry._validate import as_int
 from ferry.collate import default_collate, default_convert
 from ferry.datasets import is_iterable_style
@@ -47,10 +48,12 @@ class _StreamSampler(Sampler[None]):
             yield None
 
 
-class DataLoader(Generic[T_co]):
+class DataLoader(TorchDataLoader[T_co]):
     """Iterates over a dataset in batches, in the main process or in worker processes/threads.
 
-    Same signature, defaults, validation and sample order as ``torch.utils.data.DataLoader``.
+    Same signature, defaults, validation and sample order as ``torch.utils.data.DataLoader``,
+    and a subclass of it, so libraries that check ``isinstance(loader, DataLoader)`` (Lightning,
+    accelerate) treat it as one; none of torch's loader code runs on it.
     ferry adds one keyword-only option, whose default keeps torch's behaviour:
 
     * ``worker_type``: ``"process"`` (default) or ``"thread"``; thread workers share the dataset
@@ -73,7 +76,11 @@ class DataLoader(Generic[T_co]):
     batch_sampler: Sampler[Any] | Iterable[Any] | None
     prefetch_factor: int | None
     generator: torch.Generator | None
-    _initialized = False
+    # Inside this class the name is mangled to ``_DataLoader__initialized``: the very attribute
+    # torch's loader has, so code that reads it off a loader finds the truth here too.
+    __initialized = False
+    # torch's class declares this None (its type: the value it starts with); it holds a length.
+    _IterableDataset_len_called: int | None = None  # type: ignore[assignment]
 
     def __init__(  # noqa: PLR0917 - torch's signature takes these positionally
         self,
@@ -194,12 +201,15 @@ class DataLoader(Generic[T_co]):
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
 
-        self._iterable_len_reported: int | None = None
-        self._persistent_iterator: LoaderIterator | None = None
+        # As torch names them: 1 for an iterable-style dataset (0 map-style), and len(loader)
+        # of an iterable-style dataset once asked (the length check compares against it).
+        self._dataset_kind = 1 if self._iterable_style else 0
+        self._IterableDataset_len_called = None
+        self._live_iterator: LoaderIterator | None = None
         self._pool: BufferPool | None = None
         self._pool_lock = threading.Lock()
         self._warned_no_accelerator = False
-        self._initialized = True
+        self.__initialized = True
         self.check_worker_number_rationality()
 
     # -- options -------------------------------------------------------------------------------
@@ -207,7 +217,7 @@ class DataLoader(Generic[T_co]):
     @property
     def multiprocessing_context(self) -> BaseContext | None:
         """The start method workers use: a context object, or None for the platform default."""
-        return self._multiprocessing_context
+        return self.__multiprocessing_context
 
     @multiprocessing_context.setter
     def multiprocessing_context(self, context: str | BaseContext | None) -> None:
@@ -229,15 +239,17 @@ class DataLoader(Generic[T_co]):
                     "multiprocessing_context must be a start method name or a multiprocessing "
                     f"context object, got {type(context).__name__}"
                 )
-        self._multiprocessing_context: BaseContext | None = context
+        self.__multiprocessing_context: BaseContext | None = context
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if self._initialized and name in _FROZEN_AFTER_INIT:
+        if self.__initialized and name in _FROZEN_AFTER_INIT:
             raise ValueError(
-                f"{name} cannot be changed after the {type(self).__name__} is built; build a new "
-                "loader instead"
+                f"{name} attribute should not be set after {type(self).__name__} is initialized: "
+                "it is part of the plan the sampler and batch sampler were built from; build a "
+                "new loader instead"
             )
-        super().__setattr__(name, value)
+        # object's, not super()'s: the next class is torch's DataLoader, whose code must not run.
+        object.__setattr__(self, name, value)
 
     @property
     def _auto_collation(self) -> bool:
@@ -249,29 +261,34 @@ class DataLoader(Generic[T_co]):
 
     # -- iteration -----------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[T_co]:
+    # ferry's iterators are not torch's _BaseDataLoaderIter; they are plain iterators of batches.
+    def __iter__(self) -> Iterator[T_co]:  # type: ignore[override]
         if self.persistent_workers and self.num_workers > 0:
-            if self._persistent_iterator is None:
-                self._persistent_iterator = self._make_iterator()
+            if self._live_iterator is None:
+                self._live_iterator = self._make_iterator()
             else:
-                self._persistent_iterator._restart(self._plan())
-            return self._persistent_iterator
+                self._live_iterator._restart(self._plan())
+            return self._live_iterator
         return self._make_iterator()
 
-    # Names some libraries reach for on torch's loader; kept so they find them here too.
-    @property
-    def _dataset_kind(self) -> int:
-        return 1 if self._iterable_style else 0
-
-    @property
-    def _IterableDataset_len_called(self) -> int | None:
-        return self._iterable_len_reported
-
-    @property
+    @property  # type: ignore[override]
     def _iterator(self) -> LoaderIterator | None:
-        return self._persistent_iterator
+        """The iterator kept between epochs (``persistent_workers=True``), as in torch.
 
-    def _get_iterator(self) -> LoaderIterator:
+        Libraries reset a loader by setting this to None (Lightning does at the end of every
+        fit/validate/test/predict): that stops the kept workers now and the next ``iter()``
+        starts afresh. Setting it to another iterator stops the old one's workers too.
+        """
+        return self._live_iterator
+
+    @_iterator.setter
+    def _iterator(self, iterator: LoaderIterator | None) -> None:
+        old = self.__dict__.get("_live_iterator")
+        self._live_iterator = iterator
+        if old is not None and old is not iterator:
+            old._shutdown_workers()
+
+    def _get_iterator(self) -> LoaderIterator:  # type: ignore[override]
         return self._make_iterator()
 
     def _make_iterator(self) -> LoaderIterator:
@@ -307,14 +324,14 @@ class DataLoader(Generic[T_co]):
             pin=pin,
             pin_memory_device=self.pin_memory_device,
             buffer_pool=self._buffer_pool(),
-            reported_length=self._iterable_len_reported,
+            reported_length=self._IterableDataset_len_called,
         )
 
     def __len__(self) -> int:
         if not self._iterable_style:
             return len(self._index_sampler)  # type: ignore[arg-type]
         length = len(self.dataset)
-        self._iterable_len_reported = length
+        self._IterableDataset_len_called = length
         if self.batch_size is None:
             return length
         if self.drop_last:
@@ -360,7 +377,7 @@ class DataLoader(Generic[T_co]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Live state (an epoch in progress, buffers, a lock) does not travel with the loader.
-        state.update(_persistent_iterator=None, _pool=None, _pool_lock=None)
+        state.update(_live_iterator=None, _pool=None, _pool_lock=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -21,10 +21,18 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Iterable, Iterator, Sequence, Sized
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
+from ferry._torch_types import (
+    TorchBatchSampler,
+    TorchRandomSampler,
+    TorchSampler,
+    TorchSequentialSampler,
+    TorchSubsetRandomSampler,
+    TorchWeightedRandomSampler,
+)
 from ferry._validate import check_bool, check_positive_int
 
 __all__ = [
@@ -47,8 +55,11 @@ _REPLACEMENT_DRAW = 32
 _SEQUENTIAL_CHUNK = 1 << 16
 
 
-class Sampler(Generic[T_co]):
+class Sampler(TorchSampler[T_co]):
     """Base class of samplers: an iterable of dataset keys (or of batches of keys).
+
+    A subclass of ``torch.utils.data.Sampler`` (so ``isinstance`` checks written for torch accept
+    it), with ferry's own behaviour.
 
     Subclasses define ``__iter__`` and, when the length is known, ``__len__``.
 
@@ -100,7 +111,7 @@ def _fresh_generator() -> torch.Generator:
     return generator
 
 
-class SequentialSampler(Sampler[int]):
+class SequentialSampler(Sampler[int], TorchSequentialSampler):
     """Yields ``0, 1, ..., len(data_source) - 1``."""
 
     data_source: Sized
@@ -121,7 +132,7 @@ class SequentialSampler(Sampler[int]):
             yield torch.arange(start, min(start + _SEQUENTIAL_CHUNK, total), dtype=torch.int64)
 
 
-class RandomSampler(TensorChunkSampler):
+class RandomSampler(TensorChunkSampler, TorchRandomSampler):
     """Yields indices in random order: a permutation, or draws with replacement.
 
     Without replacement, ``num_samples`` larger than the dataset yields whole permutations one
@@ -181,7 +192,7 @@ class RandomSampler(TensorChunkSampler):
         yield torch.randperm(n, generator=generator)[: count % n]
 
 
-class SubsetRandomSampler(Sampler[Any]):
+class SubsetRandomSampler(Sampler[Any], TorchSubsetRandomSampler):
     """Yields the given indices in random order (without replacement)."""
 
     indices: Sequence[Any]
@@ -198,7 +209,7 @@ class SubsetRandomSampler(Sampler[Any]):
         return len(self.indices)
 
 
-class WeightedRandomSampler(TensorChunkSampler):
+class WeightedRandomSampler(TensorChunkSampler, TorchWeightedRandomSampler):
     """Yields ``num_samples`` indices in ``[0, len(weights))`` drawn with the given weights.
 
     Weights need not sum to one. Without replacement an index is drawn at most once, so
@@ -238,7 +249,7 @@ class WeightedRandomSampler(TensorChunkSampler):
         )
 
 
-class BatchSampler(Sampler[list[Any]]):
+class BatchSampler(Sampler[list[Any]], TorchBatchSampler):
     """Groups the keys of another sampler (or any iterable) into lists of ``batch_size``.
 
     The last, shorter batch is kept unless ``drop_last`` is true.

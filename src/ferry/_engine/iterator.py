@@ -72,6 +72,9 @@ class LoaderIterator:
     def _next_batch(self) -> Any:
         raise NotImplementedError
 
+    def _shutdown_workers(self) -> None:
+        """Stop this iterator's workers now, if it has any (it yields nothing after)."""
+
     def _restart(self, plan: EpochPlan) -> None:
         """Begin the next epoch on the same iterator (persistent workers)."""
         raise NotImplementedError(f"{type(self).__name__} does not outlive its epoch")

@@ -1,0 +1,298 @@
+"""ferry's classes are torch's types, but none of torch's code runs on them.
+
+Each public class of ferry with a counterpart in ``torch.utils.data`` subclasses it, so every
+``isinstance`` check in the ecosystem accepts ferry's objects. The subclassing is for the type
+only:
+
+* statically: every attribute (public or private) that torch's classes define must be defined
+  again by ferry's class, not inherited, unless :data:`HARMLESS` lists it with its reason;
+* on instances: the attributes that torch's constructors set (which libraries read, such as
+  ``loader._dataset_kind``) exist on ferry's objects too;
+* at run time: a workload that touches every class (every sampler, wrapper, the loader in the
+  main process and in thread workers, persistent workers, ``loader._iterator = None``) runs
+  under a profiler that fails on any call into a file of ``torch/utils/data``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.data as tud
+from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
+
+import ferry
+from ferry.distributed import DistributedSampler
+
+PAIRS: dict[str, tuple[type, type]] = {
+    name: (getattr(ferry, name), getattr(tud, name))
+    for name in (
+        "BatchSampler",
+        "ChainDataset",
+        "ConcatDataset",
+        "DataLoader",
+        "Dataset",
+        "IterableDataset",
+        "RandomSampler",
+        "Sampler",
+        "SequentialSampler",
+        "StackDataset",
+        "Subset",
+        "SubsetRandomSampler",
+        "TensorDataset",
+        "WeightedRandomSampler",
+    )
+}
+PAIRS["DistributedSampler"] = (DistributedSampler, TorchDistributedSampler)
+
+# Class-body entries that are bookkeeping of Python itself, not behaviour.
+_PYTHON_OWN = {
+    "__module__",
+    "__qualname__",
+    "__doc__",
+    "__dict__",
+    "__weakref__",
+    "__parameters__",
+    "__orig_bases__",
+    "__annotations__",
+    "__annotate__",
+    "__annotate_func__",
+    "__annotations_cache__",
+    "__abstractmethods__",
+    "_abc_impl",
+    "__slots__",
+    "__static_attributes__",
+    "__firstlineno__",
+    "_is_protocol",
+    "__slotnames__",  # copyreg's cache, written on a class the first time one is pickled
+}
+
+# Attributes a ferry class may inherit from torch's, each with the reason it is harmless.
+# torch 2.13 needs none: every attribute its classes define, ferry's define again.
+HARMLESS: dict[tuple[str, str], str] = {}
+
+TORCH_DATA_DIR = str(Path(tud.__file__).resolve().parent) + os.sep
+
+
+def _torch_classes(torch_class: type) -> list[type]:
+    return [c for c in torch_class.__mro__ if c.__module__.startswith("torch.utils.data")]
+
+
+def _owner(cls: type, name: str) -> type:
+    return next(c for c in cls.__mro__ if name in vars(c))
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_is_a_subclass_of_torchs_class(name: str) -> None:
+    ferry_class, torch_class = PAIRS[name]
+    assert issubclass(ferry_class, torch_class)
+    # ferry's own code comes first in the method resolution order.
+    order = ferry_class.__mro__
+    assert order.index(torch_class) > max(
+        i for i, c in enumerate(order) if c.__module__.startswith("ferry")
+    )
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_defines_every_attribute_torchs_class_defines(name: str) -> None:
+    ferry_class, torch_class = PAIRS[name]
+    inherited = []
+    for base in _torch_classes(torch_class):
+        for attribute in vars(base):
+            if attribute in _PYTHON_OWN or (name, attribute) in HARMLESS:
+                continue
+            owner = _owner(ferry_class, attribute)
+            if not owner.__module__.startswith("ferry"):
+                inherited.append(f"{attribute} (from {owner.__module__}.{owner.__qualname__})")
+    assert inherited == [], f"ferry.{name} runs torch's code for: {inherited}"
+
+
+def test_the_check_above_can_fail() -> None:
+    class Lazy(ferry.Dataset[int], tud.TensorDataset):  # forgets __len__ and __init__
+        def __getitem__(self, index: int) -> int:
+            return index
+
+    inherited = [a for a in vars(tud.TensorDataset) if _owner(Lazy, a).__module__ != __name__]
+    assert {"__init__", "__len__"} <= set(inherited)
+
+
+def test_harmless_entries_are_still_needed() -> None:
+    for name, attribute in HARMLESS:
+        ferry_class, torch_class = PAIRS[name]
+        assert any(attribute in vars(c) for c in _torch_classes(torch_class)), (name, attribute)
+        assert not _owner(ferry_class, attribute).__module__.startswith("ferry"), (name, attribute)
+
+
+# -- instance attributes ---------------------------------------------------------------------
+
+
+def _both(name: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    ferry_class, torch_class = PAIRS[name]
+    return ferry_class(*args, **kwargs), torch_class(*args, **kwargs)
+
+
+def _instances() -> Iterator[tuple[str, Any, Any]]:
+    x = torch.arange(12.0).view(6, 2)
+    data = ferry.TensorDataset(x)
+    yield "TensorDataset", *_both("TensorDataset", x)
+    yield "Subset", *_both("Subset", data, [0, 2])
+    yield "ConcatDataset", *_both("ConcatDataset", [data, data])
+    yield "StackDataset", *_both("StackDataset", data, data)
+    yield "ChainDataset", *_both("ChainDataset", [])
+    yield "SequentialSampler", *_both("SequentialSampler", data)
+    yield "RandomSampler", *_both("RandomSampler", data, num_samples=3)
+    yield "SubsetRandomSampler", *_both("SubsetRandomSampler", [1, 2])
+    yield "WeightedRandomSampler", *_both("WeightedRandomSampler", [0.5, 0.5], 4)
+    yield "BatchSampler", *_both("BatchSampler", range(5), 2, False)
+    yield "DistributedSampler", *_both("DistributedSampler", data, num_replicas=2, rank=1)
+    for kwargs in (
+        {"batch_size": 2, "shuffle": True},
+        {"batch_size": None},
+        {"num_workers": 2, "persistent_workers": True, "multiprocessing_context": "spawn"},
+    ):
+        yield "DataLoader", *_both("DataLoader", data, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("name", "ferry_object", "torch_object"),
+    list(_instances()),
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_has_the_instance_attributes_torch_sets(
+    name: str, ferry_object: Any, torch_object: Any
+) -> None:
+    missing = [a for a in vars(torch_object) if not hasattr(ferry_object, a)]
+    assert missing == [], f"ferry.{name} lacks {missing}"
+
+
+def test_loader_attributes_read_as_torchs() -> None:
+    x = torch.arange(12.0).view(6, 2)
+    for kwargs in ({"batch_size": 4, "shuffle": True}, {"batch_size": None}):
+        ferry_loader, torch_loader = _both("DataLoader", ferry.TensorDataset(x), **kwargs)
+        for attribute in ("_dataset_kind", "_IterableDataset_len_called", "_iterator"):
+            assert getattr(ferry_loader, attribute) == getattr(torch_loader, attribute)
+        assert ferry_loader._DataLoader__initialized is True  # type: ignore[attr-defined]
+        assert ferry_loader._auto_collation == torch_loader._auto_collation
+    stream = ferry.DataLoader(_Stream(), batch_size=2)
+    assert stream._dataset_kind == 1
+    assert len(stream) == 3
+    assert stream._IterableDataset_len_called == 5
+
+
+# -- no torch code runs ------------------------------------------------------------------------
+
+
+class _Stream(ferry.IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(5))
+
+    def __len__(self) -> int:
+        return 5
+
+
+class _Squares(ferry.Dataset[int]):
+    def __getitem__(self, index: int) -> int:
+        return index * index
+
+    def __len__(self) -> int:
+        return 7
+
+
+def _workload() -> None:
+    """Touches every class and the loader's attributes as libraries do."""
+    x = torch.arange(40.0).view(20, 2)
+    data = ferry.TensorDataset(x, torch.arange(20))
+    parts = ferry.random_split(data, [0.5, 0.5], generator=torch.Generator().manual_seed(0))
+    joined = parts[0] + parts[1]
+    assert isinstance(joined, ferry.ConcatDataset)
+    squares = _Squares() + _Squares()
+    assert len(squares) == 14
+    assert squares[13] == 36
+    stacked = ferry.StackDataset(a=data, b=data)
+    chained = _Stream() + _Stream()
+    assert isinstance(chained, ferry.ChainDataset)
+    assert list(chained) == [*range(5), *range(5)]
+    assert len(chained) == 10
+    samplers: list[Any] = [
+        ferry.SequentialSampler(data),
+        ferry.RandomSampler(data, generator=torch.Generator().manual_seed(1)),
+        ferry.RandomSampler(data, replacement=True, num_samples=50),
+        ferry.SubsetRandomSampler([1, 3, 5]),
+        ferry.WeightedRandomSampler([1.0] * 20, 10),
+        DistributedSampler(data, num_replicas=2, rank=0, seed=3),
+    ]
+    for sampler in samplers:
+        assert len(list(sampler)) == len(sampler)
+    batches = ferry.BatchSampler(samplers[1], 3, drop_last=True)
+    assert len(list(batches)) == len(batches) == 6
+    samplers[-1].set_epoch(1)
+    for dataset in (data, parts[0], joined, stacked, squares):
+        for kwargs in (
+            {"batch_size": 4, "shuffle": True},
+            {"batch_size": None},
+            {"batch_size": 3, "num_workers": 2, "worker_type": "thread"},
+        ):
+            loader = ferry.DataLoader(dataset, **kwargs)
+            assert len(list(loader)) == len(loader)
+    for kwargs in ({"batch_size": 2}, {"batch_size": 2, "num_workers": 1, "worker_type": "thread"}):
+        assert len(list(ferry.DataLoader(chained, **kwargs))) == 5
+    persistent = ferry.DataLoader(
+        data, batch_size=5, num_workers=2, worker_type="thread", persistent_workers=True
+    )
+    for _ in range(2):
+        assert len(list(persistent)) == 4
+    assert persistent._iterator is not None
+    persistent._iterator = None
+    loader = ferry.DataLoader(data, batch_size=5, sampler=samplers[0])
+    assert loader.multiprocessing_context is None
+    with pytest.raises(ValueError, match="should not be set after"):
+        loader.batch_size = 3
+    loader.num_workers = 0
+    assert (loader._dataset_kind, loader._auto_collation) == (0, True)
+    assert loader._index_sampler is loader.batch_sampler
+    loader.check_worker_number_rationality()
+
+
+def _calls_into_torch_data(workload: Any) -> list[str]:
+    seen: list[str] = []
+
+    def profile(frame: FrameType, event: str, _arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(TORCH_DATA_DIR):
+            seen.append(f"{frame.f_code.co_qualname} ({frame.f_code.co_filename})")
+
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+    try:
+        workload()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+    return seen
+
+
+@pytest.mark.timeout(60)
+def test_no_torch_data_code_runs_on_ferry_objects() -> None:
+    assert _calls_into_torch_data(_workload) == []
+
+
+@pytest.mark.timeout(60)
+def test_the_profiler_sees_torch_code() -> None:
+    def touch_torch() -> None:
+        list(tud.DataLoader(range(3), batch_size=2))
+
+    calls = _calls_into_torch_data(touch_torch)
+    assert any("DataLoader.__init__" in c for c in calls)
+
+
+def test_signature_helpers_do_not_run_torch_code() -> None:
+    # Lightning and accelerate read the signature of the loader's __init__ to rebuild it.
+    parameters = inspect.signature(ferry.DataLoader.__init__).parameters
+    assert "worker_type" in parameters
