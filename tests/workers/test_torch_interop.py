@@ -1,8 +1,10 @@
-"""Datasets that ask torch's get_worker_info() shard correctly in ferry's process workers, and
-ferry.get_worker_info() answers inside torch's own workers."""
+"""Datasets that ask torch's get_worker_info() shard correctly in ferry's process and thread
+workers, and ferry.get_worker_info() answers inside torch's own workers."""
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ import torch
 import torch.utils.data as tud
 
 import ferry
+from ferry._engine import info as info_module
 
 
 class AsksTorch(tud.IterableDataset):  # type: ignore[type-arg]
@@ -66,3 +69,35 @@ def test_main_process_sees_no_worker() -> None:
     list(ferry.DataLoader(AsksTorch(4), num_workers=0))
     assert tud.get_worker_info() is None
     assert torch.initial_seed() is not None
+
+
+@pytest.mark.timeout(60)
+def test_a_dataset_asking_torch_is_sharded_in_ferry_thread_workers() -> None:
+    """torch's get_worker_info() answers per thread inside ferry's worker threads."""
+    threads = ferry.DataLoader(AsksTorch(20), batch_size=3, num_workers=2, worker_type="thread")
+    processes = ferry.DataLoader(AsksTorch(20), batch_size=3, num_workers=2)
+    for _ in range(3):  # the bug it guards against was nondeterministic
+        assert [b.tolist() for b in threads] == [b.tolist() for b in processes]
+    assert _items(threads) == list(range(20))
+    # Outside ferry's threads the answer is still torch's own.
+    assert tud.get_worker_info() is None
+    assert _items(tud.DataLoader(AsksTorch(20), batch_size=3, num_workers=2)) == list(range(20))
+    assert _items(tud.DataLoader(AsksFerry(20), batch_size=3, num_workers=2)) == list(range(20))
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_holding_torchs_function_by_name_is_refused_under_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A module that bound torch's function to a name of its own before the threads started
+    would see None in every thread: refused at iter(), never silently read twice."""
+    module = types.ModuleType("holds_torch_function")
+    module.get_worker_info = info_module._torch_original()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    stream = type("ByName", (AsksTorch,), {"__module__": module.__name__})(20)
+    loader = ferry.DataLoader(stream, batch_size=3, num_workers=2, worker_type="thread")
+    with pytest.raises(RuntimeError, match=r"holds_torch_function holds torch's get_worker_info"):
+        iter(loader)
+    # Processes are fine (torch's value is published there), and so is one inline reader.
+    assert _items(ferry.DataLoader(stream, batch_size=3, num_workers=2)) == list(range(20))
+    assert _items(ferry.DataLoader(stream, batch_size=3)) == list(range(20))

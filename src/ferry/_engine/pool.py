@@ -31,6 +31,7 @@ from multiprocessing.reduction import recv_handle
 from typing import TYPE_CHECKING, Any
 
 from ferry._engine.group import WorkerGroup, WorkerHandle, start_processes, start_threads
+from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import LoaderIterator
 from ferry._engine.messages import (
     Done,
@@ -99,6 +100,10 @@ class WorkerIterator(LoaderIterator):
             )
             for i in range(self._num_workers)
         ]
+        if self._threads:
+            if plan.iterable_style:
+                check_thread_sharding(plan.dataset)
+            publish_threads_to_torch()
         try:
             if self._threads:
                 start_threads(self._group, configs, plan)
