@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench,ecosystem]'
 	touch $@
 
 lint: $(VENV)/.installed
