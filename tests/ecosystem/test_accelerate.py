@@ -1,0 +1,423 @@
+"""ferry under Hugging Face accelerate (real accelerate, CPU), against torch's loader.
+
+``Accelerator.prepare`` and ``skip_first_batches`` rebuild a loader from its options; every
+program here runs with torch's loader, with ferry's, and with ferry's after
+``ferry.accelerate.install()`` (which makes the rebuild use ferry's engine and keep
+``worker_type``), and must give exactly torch's result:
+
+* gradient accumulation over an epoch that is not a multiple of the accumulation steps: the
+  same optimizer steps (the end-of-epoch sync included) and the same final weights;
+* ``skip_first_batches`` on prepared and unprepared loaders, map-style and iterable-style;
+* DDP on two gloo processes (``_accelerate_ddp.py``, one launch for all variants): each rank
+  sees torch's batches and ``gather_for_metrics`` returns every sample exactly once;
+* thread workers surviving ``prepare``, and ``install``/``uninstall`` restoring accelerate.
+
+Single-process programs run in this process, on a fresh accelerate state each time.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import accelerate
+import accelerate.data_loader as acc_dl
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils.data as tud
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+
+import ferry
+import ferry.accelerate
+
+pytestmark = pytest.mark.usefixtures("guard_global_state")
+
+VARIANTS = ["ferry", "ferry_install"]
+DDP_MAIN = Path(__file__).with_name("_accelerate_ddp.py")
+DDP_DEADLINE_S = 150.0  # generous: the machine may be shared with other test runs
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state() -> Iterator[None]:
+    """Each test builds its Accelerators on a clean state, and leaves none behind."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    rng = torch.get_rng_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    torch.set_rng_state(rng)
+    ferry.accelerate.uninstall()
+
+
+def _accelerator(**kwargs: Any) -> Accelerator:
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    return Accelerator(cpu=True, **kwargs)
+
+
+def _lib(variant: str) -> Any:
+    return tud if variant == "torch" else ferry
+
+
+def _patch(variant: str) -> AbstractContextManager[None]:
+    return ferry.accelerate.installed() if variant == "ferry_install" else nullcontext()
+
+
+def _stream_class(base: type) -> type:
+    class Stream(base):
+        """Yields 0..n-1 as 0-d tensors."""
+
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __iter__(self) -> Iterator[torch.Tensor]:
+            return iter(torch.arange(self.n))
+
+    return Stream
+
+
+STREAMS = {
+    "torch": _stream_class(tud.IterableDataset),
+    "ferry": _stream_class(ferry.IterableDataset),
+}
+
+
+def _flat(batches: Any) -> list[list[int]]:
+    return [(b[0] if isinstance(b, (list, tuple)) else b).tolist() for b in batches]
+
+
+# -- 1. gradient accumulation -------------------------------------------------------------------
+
+ACCUMULATE = 4
+N_TRAIN, TRAIN_BATCH = 40, 4  # 10 batches: 3 optimizer steps, the last at the end of the epoch
+
+
+def _train(variant: str) -> dict[str, Any]:
+    lib = _lib(variant)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(N_TRAIN, 3, generator=g), torch.randn(N_TRAIN, 1, generator=g)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = lib.DataLoader(lib.TensorDataset(x, y), batch_size=TRAIN_BATCH, shuffle=True)
+    with _patch(variant):
+        accelerator = _accelerator(gradient_accumulation_steps=ACCUMULATE)
+        model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)
+    steps, seen = 0, []
+    for xb, yb in prepared:
+        seen.append(xb)
+        with accelerator.accumulate(model):
+            loss = F.mse_loss(model(xb), yb)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += accelerator.sync_gradients
+    return {
+        "steps": steps,
+        "seen": seen,
+        "weights": [p.detach().clone() for p in model.parameters()],
+        "base": type(prepared.base_dataloader),
+    }
+
+
+@pytest.fixture(scope="module")
+def torch_training() -> dict[str, Any]:
+    return _train("torch")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gradient_accumulation_steps_and_weights_match_torch(
+    variant: str, torch_training: dict[str, Any]
+) -> None:
+    assert torch_training["steps"] == 3  # the end of the epoch syncs the last 2 batches
+    got = _train(variant)
+    assert got["steps"] == torch_training["steps"]
+    assert len(got["seen"]) == len(torch_training["seen"]) == N_TRAIN // TRAIN_BATCH
+    for ours, theirs in zip(got["seen"], torch_training["seen"], strict=True):
+        assert torch.equal(ours, theirs)
+    for ours, theirs in zip(got["weights"], torch_training["weights"], strict=True):
+        assert torch.equal(ours, theirs)
+    # Without install() accelerate rebuilds the loader with torch's DataLoader.
+    expected = ferry.DataLoader if variant == "ferry_install" else tud.DataLoader
+    assert got["base"] is expected
+
+
+# -- 2. skip_first_batches ----------------------------------------------------------------------
+
+N_SKIP, SKIP_BATCH, SKIP = 22, 4, 3  # 6 batches, the last one short; 3 skipped
+
+
+def _skip(variant: str, style: str) -> dict[str, Any]:
+    lib_name = "torch" if variant == "torch" else "ferry"
+    lib = _lib(variant)
+    if style == "map":
+        dataset = lib.TensorDataset(torch.arange(N_SKIP))
+    else:
+        dataset = STREAMS[lib_name](N_SKIP)
+    with _patch(variant):
+        accelerator = _accelerator()
+        loader = lib.DataLoader(dataset, batch_size=SKIP_BATCH)
+        prepared = accelerator.prepare(loader)
+        skipped = accelerator.skip_first_batches(prepared, SKIP)
+        unprepared = accelerator.skip_first_batches(loader, SKIP)
+    return {
+        "prepared": _flat(skipped),
+        "unprepared": _flat(unprepared),
+        "prepared_base": type(skipped.base_dataloader),
+        # A plain DataLoader for a map-style dataset, a SkipDataLoader adapter otherwise.
+        "unprepared_base": type(getattr(unprepared, "base_dataloader", unprepared)),
+    }
+
+
+@pytest.fixture(scope="module")
+def torch_skips() -> dict[str, dict[str, Any]]:
+    return {style: _skip("torch", style) for style in ("map", "stream")}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("style", ["map", "stream"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_skip_first_batches_matches_torch(
+    variant: str, style: str, torch_skips: dict[str, dict[str, Any]]
+) -> None:
+    expected = torch_skips[style]
+    all_batches = [list(range(i, min(i + SKIP_BATCH, N_SKIP))) for i in range(0, N_SKIP, 4)]
+    assert expected["prepared"] == expected["unprepared"] == all_batches[SKIP:]
+    got = _skip(variant, style)
+    assert got["prepared"] == expected["prepared"]
+    assert got["unprepared"] == expected["unprepared"]
+    if variant == "ferry_install":
+        assert got["prepared_base"] is ferry.DataLoader
+        assert got["unprepared_base"] is ferry.DataLoader
+
+
+# -- 3. DDP on two processes --------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate, then kill, whatever is still running; reap everything."""
+    for p in processes:
+        if p.poll() is None:
+            p.terminate()
+    for p in processes:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[tuple[str, str], Any]]:
+    """Runs ``_accelerate_ddp.py`` on two ranks; returns each rank's results."""
+    out_dir = tmp_path_factory.mktemp("accelerate_ddp")
+    port = _free_port()
+    world = 2
+    logs = [(out_dir / f"rank{rank}.log").open("wb") for rank in range(world)]
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(world):
+            env = {
+                **os.environ,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "WORLD_SIZE": str(world),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world),
+                "OMP_NUM_THREADS": "1",
+            }
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, str(DDP_MAIN), str(out_dir)],
+                    stdout=logs[rank],
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            )
+        deadline = time.monotonic() + DDP_DEADLINE_S
+        for p in processes:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a rank of the accelerate DDP group ran past {DDP_DEADLINE_S} s")
+    finally:
+        _stop(processes)
+        for log in logs:
+            log.close()
+    codes = [p.returncode for p in processes]
+    if any(codes):
+        output = "\n".join(
+            f"--- rank {rank} (exit {code}) ---\n"
+            + (out_dir / f"rank{rank}.log").read_text(errors="replace")
+            for rank, code in enumerate(codes)
+        )
+        pytest.fail(f"accelerate DDP ranks failed:\n{output}")
+    results = []
+    for rank in range(world):
+        with (out_dir / f"rank{rank}.pkl").open("rb") as f:
+            results.append(pickle.load(f))
+    return results
+
+
+def _ddp_ok(ddp: list[dict[tuple[str, str], Any]], variant: str, case: str) -> list[Any]:
+    values = []
+    for rank, per_rank in enumerate(ddp):
+        status, value = per_rank[variant, case]
+        assert status == "ok", f"rank {rank}, {variant}, {case}:\n{value}"
+        values.append(value)
+    return values
+
+
+DDP_CASES = [
+    ("ferry", "map"),
+    ("ferry", "stream"),
+    ("ferry_install", "map"),
+    ("ferry_install", "stream"),
+    ("ferry_install_threads", "map"),
+]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(("variant", "case"), DDP_CASES, ids=["-".join(c) for c in DDP_CASES])
+def test_ddp_ranks_see_torchs_batches_and_gather_each_sample_once(
+    ddp: list[dict[tuple[str, str], Any]], variant: str, case: str
+) -> None:
+    n, epochs = 100, 2 if case == "map" else 1
+    expected = _ddp_ok(ddp, "torch", case)
+    got = _ddp_ok(ddp, variant, case)
+    for rank in range(2):
+        assert got[rank]["seen"] == expected[rank]["seen"], rank
+    assert got[0]["seen"] != got[1]["seen"]
+    for rank in range(2):
+        gathered = [i for batch in got[rank]["gathered"] for i in batch]
+        assert len(gathered) == n * epochs
+        per_epoch = len(gathered) // epochs
+        for epoch in range(epochs):
+            assert sorted(gathered[epoch * per_epoch : (epoch + 1) * per_epoch]) == list(range(n))
+        assert got[rank]["gathered"] == expected[rank]["gathered"]
+    if variant.startswith("ferry_install"):
+        assert {r["base"] for r in got} == {"ferry.loader.DataLoader"}
+    if variant == "ferry_install_threads":
+        assert {r["worker_type"] for r in got} == {"thread"}
+
+
+# -- 4. thread workers and install/uninstall ----------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_thread_workers_survive_prepare_and_skip() -> None:
+    x = torch.arange(30.0).view(15, 2)
+
+    def run(lib: Any, **options: Any) -> tuple[list[list[list[float]]], Any, Any]:
+        torch.manual_seed(7)
+        accelerator = _accelerator()
+        prepared = accelerator.prepare(
+            lib.DataLoader(lib.TensorDataset(x), batch_size=4, shuffle=True, **options)
+        )
+        epochs = [_flat(prepared) for _ in range(2)]
+        return epochs, prepared, accelerator.skip_first_batches(prepared, 2)
+
+    expected, _, torch_skipped = run(tud)
+    with ferry.accelerate.installed():
+        got, prepared, skipped = run(ferry, num_workers=2, worker_type="thread")
+    assert got == expected
+    assert expected[0] != expected[1]  # reshuffled between epochs
+    for loader in (prepared.base_dataloader, skipped.base_dataloader):
+        assert type(loader) is ferry.DataLoader
+        assert loader.worker_type == "thread"
+        assert loader.num_workers == 2
+    torch.manual_seed(8)
+    skipped_batches = _flat(skipped)
+    torch.manual_seed(8)
+    assert skipped_batches == _flat(torch_skipped)
+
+
+def test_install_uninstall_restore_accelerate() -> None:
+    options = list(acc_dl._PYTORCH_DATALOADER_KWARGS.items())
+    assert acc_dl.DataLoader is tud.DataLoader
+    assert not ferry.accelerate.is_installed()
+    ferry.accelerate.install()
+    ferry.accelerate.install()  # idempotent
+    assert ferry.accelerate.is_installed()
+    assert acc_dl.DataLoader is ferry.DataLoader
+    assert list(acc_dl._PYTORCH_DATALOADER_KWARGS.items()) == [*options, ("worker_type", "process")]
+    with ferry.accelerate.installed():  # nested: leaves the outer install in place
+        pass
+    assert acc_dl.DataLoader is ferry.DataLoader
+    ferry.accelerate.uninstall()
+    assert acc_dl.DataLoader is tud.DataLoader
+    assert list(acc_dl._PYTORCH_DATALOADER_KWARGS.items()) == options
+    ferry.accelerate.uninstall()  # a no-op when not installed
+    assert list(acc_dl._PYTORCH_DATALOADER_KWARGS.items()) == options
+
+    def failing_block() -> None:
+        with ferry.accelerate.installed():
+            assert acc_dl.DataLoader is ferry.DataLoader
+            raise KeyError("the block fails")
+
+    with pytest.raises(KeyError):
+        failing_block()
+    assert acc_dl.DataLoader is tud.DataLoader
+    assert list(acc_dl._PYTORCH_DATALOADER_KWARGS.items()) == options
+
+
+def test_ferry_only_options_are_the_signature_difference() -> None:
+    import inspect
+
+    torch_names = set(inspect.signature(tud.DataLoader).parameters)
+    extra = set(inspect.signature(ferry.DataLoader).parameters) - torch_names
+    with ferry.accelerate.installed():
+        added = set(acc_dl._PYTORCH_DATALOADER_KWARGS) - set(torch_names)
+    assert added == extra == {"worker_type"}
+
+
+def test_install_warns_on_an_unchecked_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(accelerate, "__version__", "0.0.1")
+    with pytest.warns(UserWarning, match=r"checked against accelerate 1\.15\.0"):
+        ferry.accelerate.install()
+    assert acc_dl.DataLoader is ferry.DataLoader
+    ferry.accelerate.uninstall()
+    monkeypatch.setattr(accelerate, "__version__", ferry.accelerate.CHECKED_VERSIONS[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ferry.accelerate.install()
+        ferry.accelerate.uninstall()
+
+
+def test_install_refuses_a_foreign_data_loader_global(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Other:
+        pass
+
+    monkeypatch.setattr(acc_dl, "DataLoader", Other)
+    with pytest.raises(RuntimeError, match=r"1\.15\.0"):
+        ferry.accelerate.install()
+    assert acc_dl.DataLoader is Other
+    assert not ferry.accelerate.is_installed()
+
+
+@pytest.mark.timeout(60)
+def test_import_ferry_does_not_import_accelerate() -> None:
+    code = "import sys, ferry; print('accelerate' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "False"
