@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import psutil
 import pytest
 import torch
 import torch.utils.data as tud
@@ -296,3 +297,83 @@ def test_signature_helpers_do_not_run_torch_code() -> None:
     # Lightning and accelerate read the signature of the loader's __init__ to rebuild it.
     parameters = inspect.signature(ferry.DataLoader.__init__).parameters
     assert "worker_type" in parameters
+
+
+# -- the loader's attributes, as libraries use them --------------------------------------------
+
+_OPTIONS = {
+    "dataset": ferry.TensorDataset(torch.arange(6.0)),
+    "batch_size": 3,
+    "sampler": [0, 1],
+    "batch_sampler": [[0]],
+    "drop_last": True,
+    "persistent_workers": True,
+    "num_workers": 1,
+    "pin_memory": False,
+    "timeout": 2,
+    "collate_fn": list,
+    "worker_init_fn": print,
+    "generator": torch.Generator(),
+    "prefetch_factor": 3,
+    "in_order": False,
+    "pin_memory_device": "",
+    "multiprocessing_context": "spawn",
+}
+
+
+@pytest.mark.parametrize("option", sorted(_OPTIONS))
+def test_options_are_settable_or_frozen_as_in_torch(option: str) -> None:
+    def outcome(module: Any) -> str:
+        loader = module.DataLoader(module.TensorDataset(torch.arange(6.0)), num_workers=1)
+        try:
+            setattr(loader, option, _OPTIONS[option])
+        except Exception as exc:
+            return type(exc).__name__
+        return "set"
+
+    assert outcome(ferry) == outcome(tud)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_setting_iterator_to_none_stops_persistent_workers(worker_type: str) -> None:
+    loader = ferry.DataLoader(
+        ferry.TensorDataset(torch.arange(8.0)),
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=True,
+        worker_type=worker_type,
+    )
+    assert len(list(loader)) == 4
+    kept = loader._iterator
+    assert kept is not None
+    workers = list(kept._workers)  # type: ignore[attr-defined]
+    loader._iterator = None  # what Lightning does between stages
+    assert loader._iterator is None
+    for worker in workers:
+        if worker.thread is not None:
+            worker.thread.join(5)
+            assert not worker.thread.is_alive()
+        else:  # stopped, reaped and closed by the shutdown
+            assert not psutil.pid_exists(worker.pid)
+    assert len(list(loader)) == 4  # the next epoch starts new workers
+    assert loader._iterator is not kept
+    loader._iterator = None
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_rebuilt_from_its_attributes_keeps_ferrys_options() -> None:
+    """Lightning injects samplers by calling the loader's class with its __init__ arguments,
+    read back from the instance's attributes (lightning.pytorch.utilities.data)."""
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    data = ferry.TensorDataset(torch.arange(10.0))
+    loader = ferry.DataLoader(data, batch_size=4, num_workers=2, worker_type="thread")
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=False)
+    rebuilt = _update_dataloader(loader, sampler)
+    assert type(rebuilt) is ferry.DataLoader
+    assert rebuilt.worker_type == "thread"
+    # Lightning treats any BatchSampler that is not exactly torch's class as a custom one and
+    # rebuilds it around the new sampler (as it would a torch BatchSampler subclass).
+    assert rebuilt.batch_sampler.sampler is sampler
+    assert [b[0].tolist() for b in rebuilt] == [[1.0, 3.0, 5.0, 7.0], [9.0]]
