@@ -115,7 +115,10 @@ def test_random_split_default_generator_is_torchs_default_generator() -> None:
 
 def test_worker_info_has_the_specs_attributes_and_is_frozen_like_torchs() -> None:
     fields = [f.name for f in dataclasses.fields(ferry.WorkerInfo)]
-    torch_fields = [f.name for f in dataclasses.fields(torch_worker.WorkerInfo)]
+    if dataclasses.is_dataclass(torch_worker.WorkerInfo):
+        torch_fields = [f.name for f in dataclasses.fields(torch_worker.WorkerInfo)]
+    else:  # torch < 2.12: a plain class that stores its keyword arguments, in order
+        torch_fields = list(vars(torch_worker.WorkerInfo(id=1, num_workers=2, seed=3, dataset=0)))
     spec = ["id", "num_workers", "seed", "dataset"]
     assert fields[:4] == spec == torch_fields[:4]
     info = ferry.WorkerInfo(id=1, num_workers=2, seed=3, dataset="ds")
