@@ -20,6 +20,7 @@ sample is scored exactly once across the ranks, and the sums are added up with `
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,20 @@ def make_data(n: int, seed: int) -> TensorDataset:
     true_weight = torch.linspace(-1.0, 1.0, 8).unsqueeze(1)
     y = x @ true_weight + 0.3 + 0.01 * torch.randn(n, 1, generator=g)
     return TensorDataset(x, y)
+
+
+def _wait_for_gloo_release(tensor: torch.Tensor) -> None:
+    """Wait until gloo's worker thread has dropped its reference to ``tensor``.
+
+    It drops it just after ``all_reduce`` returns, and dropping it takes the GIL: if that
+    happens while the interpreter is shutting down, the process aborts ("terminate called
+    without an active exception"). torch's own DataLoader gets the same abort; it is a race of
+    the gloo backend, not of the loader.
+    """
+    use_count = getattr(tensor, "_use_count", None)  # a private torch API: skip if absent
+    deadline = time.monotonic() + 1.0
+    while use_count is not None and use_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def main() -> None:
@@ -84,6 +99,7 @@ def main() -> None:
                     error = torch.nn.functional.mse_loss(model.module(x), y, reduction="sum")
                     totals += torch.tensor([error.item(), len(y)], dtype=torch.float64)
             dist.all_reduce(totals)
+            _wait_for_gloo_release(totals)
             if rank == 0:
                 print(
                     f"epoch {epoch}: validation mse {totals[0] / totals[1]:.5f} over "
