@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from ranks import free_port, stop
 
 RANK_MAIN = Path(__file__).with_name("_rank_main.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -29,28 +30,9 @@ GROUP_DEADLINE_S = 150.0  # generous: the machine may be shared with other test 
 Results = list[dict[str, tuple[str, Any]]]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """Terminate, then kill, whatever is still running; reap everything."""
-    for p in processes:
-        if p.poll() is None:
-            p.terminate()
-    for p in processes:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
-
-
 def _run_group(world: int, out_dir: Path) -> Results:
     """Starts ``world`` rank processes, waits for all of them, returns each rank's results."""
-    port = _free_port()
+    port = free_port()
     logs = [(out_dir / f"rank{rank}.log").open("wb") for rank in range(world)]
     processes: list[subprocess.Popen[bytes]] = []
     try:
@@ -76,7 +58,7 @@ def _run_group(world: int, out_dir: Path) -> Results:
     except subprocess.TimeoutExpired:
         pytest.fail(f"a rank of the world-{world} group ran past {GROUP_DEADLINE_S} s")
     finally:
-        _stop(processes)
+        stop(processes)
         for log in logs:
             log.close()
     codes = [p.returncode for p in processes]
@@ -255,7 +237,7 @@ def test_torchrun_example_trains(tmp_path: Path) -> None:
     try:
         output, _ = process.communicate(timeout=150)
     finally:
-        _stop([process])
+        stop([process])
     text = output.decode(errors="replace")
     assert process.returncode == 0, text
     assert "epoch 1" in text, text

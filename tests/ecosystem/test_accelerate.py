@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from accelerate.state import AcceleratorState, GradientState
 
 import ferry
 import ferry.accelerate
+from ranks import free_port, stop
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 
@@ -207,30 +207,11 @@ def test_skip_first_batches_matches_torch(
 # -- 3. DDP on two processes --------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """Terminate, then kill, whatever is still running; reap everything."""
-    for p in processes:
-        if p.poll() is None:
-            p.terminate()
-    for p in processes:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
-
-
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[tuple[str, str], Any]]:
     """Runs ``_accelerate_ddp.py`` on two ranks; returns each rank's results."""
     out_dir = tmp_path_factory.mktemp("accelerate_ddp")
-    port = _free_port()
+    port = free_port()
     world = 2
     logs = [(out_dir / f"rank{rank}.log").open("wb") for rank in range(world)]
     processes: list[subprocess.Popen[bytes]] = []
@@ -260,7 +241,7 @@ def ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[tuple[str, str], 
     except subprocess.TimeoutExpired:
         pytest.fail(f"a rank of the accelerate DDP group ran past {DDP_DEADLINE_S} s")
     finally:
-        _stop(processes)
+        stop(processes)
         for log in logs:
             log.close()
     codes = [p.returncode for p in processes]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from ecosystem._lightning_programs import (
     TRAIN_ROWS,
     seen_indices,
 )
+from ranks import free_port, stop
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 
@@ -255,25 +255,6 @@ def test_lightning_checks_warn_alike(runs, impl: str) -> None:
 # -- DDP on two CPU processes ---------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """Terminate, then kill, whatever is still running; reap everything."""
-    for p in processes:
-        if p.poll() is None:
-            p.terminate()
-    for p in processes:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
-
-
 def _logs(out_dir: Path, codes: list[int | None]) -> str:
     return "\n".join(
         f"--- rank {rank} (exit {code}) ---\n"
@@ -286,7 +267,7 @@ def _logs(out_dir: Path, codes: list[int | None]) -> str:
 def ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, tuple[str, Any]]]:
     """Both rank processes, run once: each rank's ``{impl: (status, result)}``."""
     out_dir = tmp_path_factory.mktemp("lightning-ddp")
-    port = _free_port()
+    port = free_port()
     world = 2
     logs = [(out_dir / f"rank{rank}.log").open("wb") for rank in range(world)]
     processes: list[subprocess.Popen[bytes]] = []
@@ -317,7 +298,7 @@ def ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, tuple[str, A
     except subprocess.TimeoutExpired:
         timed_out = True
     finally:
-        _stop(processes)
+        stop(processes)
         for log in logs:
             log.close()
     if timed_out:
