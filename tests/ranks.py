@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import socket
 import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PYTHON = sys.executable
 
 
 def free_port() -> int:
@@ -24,3 +35,71 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(timeout=5)
+
+
+def env_rank(rank: int, world: int, port: int) -> dict[str, str]:
+    """The environment torchrun gives a rank (one node, loopback rendezvous), one thread each."""
+    return {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(world),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "NODE_RANK": "0",
+        "OMP_NUM_THREADS": "1",  # the ranks share a few cores
+    }
+
+
+def run_ranks(
+    command: Callable[[int, int], list[str]],
+    world: int,
+    out_dir: Path,
+    deadline_s: float,
+    what: str,
+) -> list[Any]:
+    """Starts ``world`` processes (``command(rank, port)``, environment :func:`env_rank`), waits
+    for all of them, and returns what each pickled to ``out_dir/rank{N}.pkl``.
+
+    Every process is reaped whatever happens; a rank that fails, runs past ``deadline_s`` or
+    writes no result fails the test with every rank's log (``out_dir/rank{N}.log``).
+    """
+    port = free_port()
+    logs = [(out_dir / f"rank{rank}.log").open("wb") for rank in range(world)]
+    processes: list[subprocess.Popen[bytes]] = []
+    timed_out = False
+    try:
+        for rank in range(world):
+            processes.append(
+                subprocess.Popen(
+                    command(rank, port),
+                    stdout=logs[rank],
+                    stderr=subprocess.STDOUT,
+                    env=env_rank(rank, world, port),
+                )
+            )
+        deadline = time.monotonic() + deadline_s
+        for p in processes:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        stop(processes)
+        for log in logs:
+            log.close()
+    codes = [p.returncode for p in processes]
+    results = [out_dir / f"rank{rank}.pkl" for rank in range(world)]
+    if timed_out or any(codes) or not all(r.exists() for r in results):
+        why = f"ran past {deadline_s} s" if timed_out else "failed"
+        output = "\n".join(
+            f"--- rank {rank} (exit {code}) ---\n"
+            + (out_dir / f"rank{rank}.log").read_text(errors="replace")[-6000:]
+            for rank, code in enumerate(codes)
+        )
+        pytest.fail(f"{what}: a rank {why}:\n{output}")
+    loaded = []
+    for path in results:
+        with path.open("rb") as f:
+            loaded.append(pickle.load(f))
+    return loaded

@@ -8,17 +8,15 @@ The rank processes build their samplers from the process group, without num_repl
 from __future__ import annotations
 
 import os
-import pickle
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ranks import free_port, stop
+from ranks import PYTHON, run_ranks, stop
 
 RANK_MAIN = Path(__file__).with_name("_rank_main.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -32,48 +30,13 @@ Results = list[dict[str, tuple[str, Any]]]
 
 def _run_group(world: int, out_dir: Path) -> Results:
     """Starts ``world`` rank processes, waits for all of them, returns each rank's results."""
-    port = free_port()
-    logs = [(out_dir / f"rank{rank}.log").open("wb") for rank in range(world)]
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        for rank in range(world):
-            processes.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        str(RANK_MAIN),
-                        str(rank),
-                        str(world),
-                        str(port),
-                        str(out_dir),
-                    ],
-                    stdout=logs[rank],
-                    stderr=subprocess.STDOUT,
-                    env=RANK_ENV,
-                )
-            )
-        deadline = time.monotonic() + GROUP_DEADLINE_S
-        for p in processes:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"a rank of the world-{world} group ran past {GROUP_DEADLINE_S} s")
-    finally:
-        stop(processes)
-        for log in logs:
-            log.close()
-    codes = [p.returncode for p in processes]
-    if any(codes):
-        output = "\n".join(
-            f"--- rank {rank} (exit {code}) ---\n"
-            + (out_dir / f"rank{rank}.log").read_text(errors="replace")
-            for rank, code in enumerate(codes)
-        )
-        pytest.fail(f"rank processes of the world-{world} group failed:\n{output}")
-    results = []
-    for rank in range(world):
-        with (out_dir / f"rank{rank}.pkl").open("rb") as f:
-            results.append(pickle.load(f))
-    return results
+    return run_ranks(
+        lambda rank, port: [PYTHON, str(RANK_MAIN), str(rank), str(world), str(port), str(out_dir)],
+        world,
+        out_dir,
+        GROUP_DEADLINE_S,
+        f"the world-{world} group",
+    )
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")

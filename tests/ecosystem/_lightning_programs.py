@@ -178,42 +178,36 @@ class Recorder(L.LightningModule):
         return {k: v.detach().clone() for k, v in self.state_dict().items()}
 
 
-class HookRecorder(Recorder):
+class LoaderHooks:
+    """The four ``*_dataloader`` hooks, each asking ``self.make(stage)`` for its loader."""
+
+    make: Callable[[str], Any]
+
+    def train_dataloader(self) -> Any:
+        return self.make("train")
+
+    def val_dataloader(self) -> Any:
+        return self.make("val")
+
+    def test_dataloader(self) -> Any:
+        return self.make("test")
+
+    def predict_dataloader(self) -> Any:
+        return self.make("predict")
+
+
+class HookRecorder(LoaderHooks, Recorder):
     """A Recorder whose loaders come from its ``*_dataloader`` hooks."""
 
     def __init__(self, make: Callable[[str], Any]) -> None:
         super().__init__()
         self.make = make
 
-    def train_dataloader(self) -> Any:
-        return self.make("train")
 
-    def val_dataloader(self) -> Any:
-        return self.make("val")
-
-    def test_dataloader(self) -> Any:
-        return self.make("test")
-
-    def predict_dataloader(self) -> Any:
-        return self.make("predict")
-
-
-class DataModule(L.LightningDataModule):
+class DataModule(LoaderHooks, L.LightningDataModule):
     def __init__(self, make: Callable[[str], Any]) -> None:
         super().__init__()
         self.make = make
-
-    def train_dataloader(self) -> Any:
-        return self.make("train")
-
-    def val_dataloader(self) -> Any:
-        return self.make("val")
-
-    def test_dataloader(self) -> Any:
-        return self.make("test")
-
-    def predict_dataloader(self) -> Any:
-        return self.make("predict")
 
 
 class IndexWriter(BasePredictionWriter):

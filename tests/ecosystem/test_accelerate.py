@@ -17,11 +17,8 @@ Single-process programs run in this process, on a fresh accelerate state each ti
 
 from __future__ import annotations
 
-import os
-import pickle
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -39,7 +36,7 @@ from accelerate.state import AcceleratorState, GradientState
 
 import ferry
 import ferry.accelerate
-from ranks import free_port, stop
+from ranks import PYTHON, run_ranks
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 
@@ -211,52 +208,13 @@ def test_skip_first_batches_matches_torch(
 def ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[tuple[str, str], Any]]:
     """Runs ``_accelerate_ddp.py`` on two ranks; returns each rank's results."""
     out_dir = tmp_path_factory.mktemp("accelerate_ddp")
-    port = free_port()
-    world = 2
-    logs = [(out_dir / f"rank{rank}.log").open("wb") for rank in range(world)]
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        for rank in range(world):
-            env = {
-                **os.environ,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "WORLD_SIZE": str(world),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "LOCAL_WORLD_SIZE": str(world),
-                "OMP_NUM_THREADS": "1",
-            }
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, str(DDP_MAIN), str(out_dir)],
-                    stdout=logs[rank],
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-            )
-        deadline = time.monotonic() + DDP_DEADLINE_S
-        for p in processes:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"a rank of the accelerate DDP group ran past {DDP_DEADLINE_S} s")
-    finally:
-        stop(processes)
-        for log in logs:
-            log.close()
-    codes = [p.returncode for p in processes]
-    if any(codes):
-        output = "\n".join(
-            f"--- rank {rank} (exit {code}) ---\n"
-            + (out_dir / f"rank{rank}.log").read_text(errors="replace")
-            for rank, code in enumerate(codes)
-        )
-        pytest.fail(f"accelerate DDP ranks failed:\n{output}")
-    results = []
-    for rank in range(world):
-        with (out_dir / f"rank{rank}.pkl").open("rb") as f:
-            results.append(pickle.load(f))
-    return results
+    return run_ranks(
+        lambda rank, port: [PYTHON, str(DDP_MAIN), str(out_dir)],
+        2,
+        out_dir,
+        DDP_DEADLINE_S,
+        "accelerate DDP ranks",
+    )
 
 
 def _ddp_ok(ddp: list[dict[tuple[str, str], Any]], variant: str, case: str) -> list[Any]:

@@ -21,11 +21,6 @@ once for both implementations (``_lightning_ddp_main.py``).
 
 from __future__ import annotations
 
-import os
-import pickle
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +35,7 @@ from ecosystem._lightning_programs import (
     TRAIN_ROWS,
     seen_indices,
 )
-from ranks import free_port, stop
+from ranks import PYTHON, run_ranks
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 
@@ -255,63 +250,17 @@ def test_lightning_checks_warn_alike(runs, impl: str) -> None:
 # -- DDP on two CPU processes ---------------------------------------------------------------------
 
 
-def _logs(out_dir: Path, codes: list[int | None]) -> str:
-    return "\n".join(
-        f"--- rank {rank} (exit {code}) ---\n"
-        + (out_dir / f"rank{rank}.log").read_text(errors="replace")[-6000:]
-        for rank, code in enumerate(codes)
-    )
-
-
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, tuple[str, Any]]]:
     """Both rank processes, run once: each rank's ``{impl: (status, result)}``."""
     out_dir = tmp_path_factory.mktemp("lightning-ddp")
-    port = free_port()
-    world = 2
-    logs = [(out_dir / f"rank{rank}.log").open("wb") for rank in range(world)]
-    processes: list[subprocess.Popen[bytes]] = []
-    timed_out = False
-    try:
-        for rank in range(world):
-            env = {
-                **os.environ,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "WORLD_SIZE": str(world),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "NODE_RANK": "0",
-                "OMP_NUM_THREADS": "1",
-            }
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, str(DDP_MAIN), str(out_dir)],
-                    stdout=logs[rank],
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-            )
-        deadline = time.monotonic() + DDP_DEADLINE_S
-        for p in processes:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        stop(processes)
-        for log in logs:
-            log.close()
-    if timed_out:
-        pytest.fail(f"a DDP rank ran past {DDP_DEADLINE_S} s:\n" + _logs(out_dir, [None, None]))
-    codes = [p.returncode for p in processes]
-    missing = [r for r in range(world) if not (out_dir / f"rank{r}.pkl").exists()]
-    if any(codes) or missing:
-        pytest.fail("DDP rank processes failed:\n" + _logs(out_dir, codes))
-    results = []
-    for rank in range(world):
-        with (out_dir / f"rank{rank}.pkl").open("rb") as f:
-            results.append(pickle.load(f))
-    return results
+    return run_ranks(
+        lambda rank, port: [PYTHON, str(DDP_MAIN), str(out_dir)],
+        2,
+        out_dir,
+        DDP_DEADLINE_S,
+        "Lightning DDP ranks",
+    )
 
 
 def _ddp_result(ddp: list[dict[str, tuple[str, Any]]], impl: str) -> list[dict[str, Any]]:
