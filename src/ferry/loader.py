@@ -143,7 +143,8 @@ class DataLoader(TorchDataLoader[T_co]):
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
 
-        self._iterable_style = is_iterable_style(dataset)
+        # torch's name and values: 1 for an iterable-style dataset, 0 for map-style.
+        self._dataset_kind = 1 if is_iterable_style(dataset) else 0
         if self._iterable_style:
             if shuffle not in (False, None):
                 raise ValueError(
@@ -201,9 +202,8 @@ class DataLoader(TorchDataLoader[T_co]):
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
 
-        # As torch names them: 1 for an iterable-style dataset (0 map-style), and len(loader)
-        # of an iterable-style dataset once asked (the length check compares against it).
-        self._dataset_kind = 1 if self._iterable_style else 0
+        # As torch names it: len(loader) of an iterable-style dataset once asked (the length
+        # check compares against it).
         self._IterableDataset_len_called = None
         self._live_iterator: LoaderIterator | None = None
         self._pool: BufferPool | None = None
@@ -250,6 +250,10 @@ class DataLoader(TorchDataLoader[T_co]):
             )
         # object's, not super()'s: the next class is torch's DataLoader, whose code must not run.
         object.__setattr__(self, name, value)
+
+    @property
+    def _iterable_style(self) -> bool:
+        return self._dataset_kind == 1
 
     @property
     def _auto_collation(self) -> bool:
