@@ -50,11 +50,15 @@ def _cpus() -> int:
 # -- signature -----------------------------------------------------------------------------------
 
 
-def test_signature_is_torchs_plus_keyword_only_worker_type() -> None:
+def test_signature_is_torchs_plus_keyword_only_extensions() -> None:
     expected = _params(tud.DataLoader)
     got = _params(ferry.DataLoader)
-    assert got[:-1] == expected
-    assert got[-1] == ("worker_type", inspect.Parameter.KEYWORD_ONLY, "process")
+    assert got[:-2] == expected
+    # ferry's thread workers, and torchdata StatefulDataLoader's option (same default).
+    assert got[-2:] == [
+        ("worker_type", inspect.Parameter.KEYWORD_ONLY, "process"),
+        ("snapshot_every_n_steps", inspect.Parameter.KEYWORD_ONLY, 1),
+    ]
 
 
 def test_defaults_are_torchs() -> None:

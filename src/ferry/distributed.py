@@ -30,7 +30,7 @@ import torch.distributed
 from ferry._engine.info import get_worker_info
 from ferry._torch_types import TorchDistributedSampler
 from ferry._validate import as_int, check_bool
-from ferry.samplers import TensorChunkSampler
+from ferry.samplers import SamplerRun, TensorChunkSampler
 
 __all__ = ["DistributedSampler", "NoProcessGroupError", "shard", "shard_info"]
 
@@ -225,6 +225,20 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
 
     def _index_chunks(self) -> Iterator[torch.Tensor]:
         """This rank's indices as one 1-D ``int64`` tensor (the sequence ``__iter__`` yields)."""
+        return self._run_chunks(SamplerRun())
+
+    def _run_chunks(self, run: SamplerRun) -> Iterator[torch.Tensor]:
+        """This rank's indices, started (or resumed) as ``run`` says.
+
+        The start records the epoch, the world size, and ``done``: how many positions of the
+        epoch's (shuffled) list all ranks together had used before this start (0 unless the
+        epoch was resumed with another world size). Resumed with the world size it was saved
+        with, a rank skips ``run.skip`` of its own indices. Resumed with another, the list's
+        unused positions (``done`` plus ``skip`` per old rank, as ranks step in lockstep) are
+        dealt round-robin over the new ranks, without padding: every sample no rank had seen
+        is seen exactly once (with ``drop_last``, the tail that does not divide evenly is left
+        out, as in a normal epoch).
+        """
         length = len(self.dataset)
         if length != self._length:
             raise RuntimeError(
@@ -232,16 +246,30 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
                 "DistributedSampler was built; the split between ranks is fixed at "
                 "construction, so build a new sampler for the new length"
             )
-        # Positions in the (virtually repeated or truncated) list of total_size indices.
-        positions = torch.arange(self.num_samples, dtype=torch.int64)
-        positions.mul_(self.num_replicas).add_(self.rank)
-        if self.total_size > length:
-            positions.remainder_(length)  # padding repeats the list from its start
+        if run.start is None:
+            run.start = {"epoch": self.epoch, "num_replicas": self.num_replicas, "done": 0}
+        epoch, replicas, done = (int(run.start[k]) for k in ("epoch", "num_replicas", "done"))
+        if replicas != self.num_replicas:
+            done += run.skip * replicas
+            run.start = {"epoch": epoch, "num_replicas": self.num_replicas, "done": done}
+            run.skip = 0
+        if done == 0:
+            # Positions in the (virtually repeated or truncated) list of total_size indices.
+            positions = torch.arange(self.num_samples, dtype=torch.int64)
+            positions.mul_(self.num_replicas).add_(self.rank)
+            if self.total_size > length:
+                positions.remainder_(length)  # padding repeats the list from its start
+        else:
+            unused = torch.arange(min(done, length), length, dtype=torch.int64)
+            if self.drop_last:
+                unused = unused[: unused.numel() // self.num_replicas * self.num_replicas]
+            positions = unused[self.rank :: self.num_replicas]
+        positions = positions[run.skip :]
         if not self.shuffle:
             yield positions
             return
         generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
+        generator.manual_seed(self.seed + epoch)
         yield torch.randperm(length, generator=generator)[positions]
 
     def __repr__(self) -> str:

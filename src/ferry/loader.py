@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing
 import os
@@ -14,14 +15,26 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from ferry._engine.alloc import BufferPool
-from ferry._engine.iterator import InlineIterator, LoaderIterator
+from ferry._engine.cursor import Cursor, LoaderIdentity, from_plain, to_plain
+from ferry._engine.iterator import EpochTrack, InlineIterator, LoaderIterator
+from ferry._engine.keys import KeysCursor
 from ferry._engine.pin import accelerator_available
 from ferry._engine.plan import EpochPlan
+from ferry._engine.resume import fit_workers
+from ferry._engine.rng import generator_state
 from ferry._torch_types import TorchDataLoader
 from ferry._validate import as_int
 from ferry.collate import default_collate, default_convert
 from ferry.datasets import is_iterable_style
-from ferry.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from ferry.samplers import (
+    BatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    is_builtin_batch_sampler,
+    is_builtin_sampler,
+    pending_start,
+)
 
 __all__ = ["DataLoader"]
 
@@ -58,6 +71,9 @@ class DataLoader(TorchDataLoader[T_co]):
 
     * ``worker_type``: ``"process"`` (default) or ``"thread"``; thread workers share the dataset
       without pickling and start in microseconds.
+
+    It also resumes mid-epoch exactly, with the API of torchdata's ``StatefulDataLoader``:
+    :meth:`state_dict` and :meth:`load_state_dict` (and its ``snapshot_every_n_steps`` option).
 
     Example::
 
@@ -103,6 +119,7 @@ class DataLoader(TorchDataLoader[T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         worker_type: WorkerType = "process",
+        snapshot_every_n_steps: int = 1,
     ) -> None:
         num_workers = as_int("num_workers", num_workers, allow_bool=True)
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
@@ -131,6 +148,14 @@ class DataLoader(TorchDataLoader[T_co]):
             )
         if worker_type not in ("process", "thread"):
             raise ValueError(f"worker_type must be 'process' or 'thread', got {worker_type!r}")
+        snapshot_every_n_steps = as_int(
+            "snapshot_every_n_steps", snapshot_every_n_steps, allow_bool=False
+        )
+        if snapshot_every_n_steps < 1:
+            raise ValueError(
+                "snapshot_every_n_steps must be a positive number of batches, got "
+                f"{snapshot_every_n_steps}"
+            )
 
         self.dataset = dataset
         self.num_workers = num_workers
@@ -140,6 +165,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
         self.worker_type: WorkerType = worker_type
+        self.snapshot_every_n_steps = snapshot_every_n_steps
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
 
@@ -206,6 +232,11 @@ class DataLoader(TorchDataLoader[T_co]):
         # check compares against it).
         self._IterableDataset_len_called = None
         self._live_iterator: LoaderIterator | None = None
+        # Resume: the state loaded for the next iterator, and the epoch track of the last one.
+        self._pending: tuple[Cursor, dict[str, Any]] | None = None
+        self._last_track: EpochTrack | None = None
+        self._last_loaded: tuple[Cursor, dict[str, Any]] | None = None
+        self._warned_replay = False
         self._pool: BufferPool | None = None
         self._pool_lock = threading.Lock()
         self._warned_no_accelerator = False
@@ -268,12 +299,112 @@ class DataLoader(TorchDataLoader[T_co]):
     # ferry's iterators are not torch's _BaseDataLoaderIter; they are plain iterators of batches.
     def __iter__(self) -> Iterator[T_co]:  # type: ignore[override]
         if self.persistent_workers and self.num_workers > 0:
-            if self._live_iterator is None:
-                self._live_iterator = self._make_iterator()
+            if self._live_iterator is None or self._pending is not None:
+                self._iterator = self._make_iterator()  # stops the old one's workers
             else:
                 self._live_iterator._restart(self._plan())
+            assert self._live_iterator is not None
             return self._live_iterator
         return self._make_iterator()
+
+    # -- resume --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch this loader handed out, as plain data.
+
+        Load it with :meth:`load_state_dict` into this loader or a new one built the same way
+        (in another process, after a crash) and the next iterator continues exactly there:
+        the rest of the epoch, then later epochs, with the same batches, shuffles, worker seeds
+        and (process workers) random augmentations as an uninterrupted run. Taken after the
+        last batch of an epoch (or before any), the next iterator begins the next epoch in full.
+
+        The state is plain data (``json`` and ``torch.save``/``torch.load(weights_only=True)``
+        keep it), small (a few kilobytes per worker, whatever the dataset's size), and cheap to
+        take: no worker is asked, so call it as often as you like.
+
+        Example::
+
+            >>> for step, batch in enumerate(loader):
+            ...     train(batch)
+            ...     if step % 1000 == 0:
+            ...         state = {"model": model.state_dict(), "loader": loader.state_dict()}
+            ...         torch.save(state, path)
+        """
+        if self._pending is not None:
+            return copy.deepcopy(self._pending[1])
+        track = self._last_track
+        if track is None:
+            cursor = self._between_epochs()
+        else:
+            cursor = track.position()
+            if self._last_loaded is not None and cursor is self._last_loaded[0]:
+                return copy.deepcopy(self._last_loaded[1])
+        return to_plain(cursor, self._identity())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Make the next iterator start where ``state_dict`` (from :meth:`state_dict`) was taken.
+
+        The loader may have another ``num_workers`` than the one the state came from (map-style
+        datasets; for streams see the README), and a :class:`~ferry.DistributedSampler` another
+        world size. Raises ValueError when the state does not fit this loader (another dataset
+        length, batch size, sampler kind, ...), naming what differs.
+        """
+        cursor = from_plain(state_dict, self._identity())
+        cursor = fit_workers(cursor, self.num_workers, self.dataset, self._iterable_style)
+        if self._iterable_style and cursor.started and not self._warned_replay:
+            dropped = sum(
+                w.items - w.snapshot.items for w in cursor.workers if w.snapshot.stream is None
+            )
+            if dropped:
+                self._warned_replay = True
+                warnings.warn(
+                    f"{type(self.dataset).__name__} gives no state for its stream (its iterator "
+                    "has no state_dict/load_state_dict), so the resumed loader fast-forwards by "
+                    f"reading and dropping the {dropped} samples already delivered this epoch. "
+                    "Give the iterator state_dict()/load_state_dict() to resume without reading "
+                    "them again.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        self._pending = (cursor, copy.deepcopy(state_dict))
+        if self._live_iterator is not None:
+            self._iterator = None  # persistent workers: the next iter() starts at the state
+
+    def _identity(self) -> LoaderIdentity:
+        length: int | None = None
+        if not self._iterable_style:
+            try:
+                length = len(self.dataset)
+            except TypeError:
+                length = None
+        return LoaderIdentity(
+            iterable=self._iterable_style,
+            dataset_length=length,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            sampler=type(self.sampler).__qualname__,
+            batch_sampler=None
+            if self.batch_sampler is None
+            else type(self.batch_sampler).__qualname__,
+            num_workers=self.num_workers,
+        )
+
+    def _between_epochs(self) -> Cursor:
+        """A loader's position before its first epoch: the generators as they stand now."""
+        generator = self.generator if isinstance(self.generator, torch.Generator) else None
+        sampler: Any = None
+        if self.batch_sampler is None and is_builtin_sampler(self.sampler):
+            sampler = self.sampler
+        elif is_builtin_batch_sampler(self.batch_sampler):
+            assert isinstance(self.batch_sampler, BatchSampler)
+            if is_builtin_sampler(self.batch_sampler.sampler):
+                sampler = self.batch_sampler.sampler
+        start = pending_start(sampler) if sampler is not None else None
+        return Cursor(
+            generator=generator_state(generator) if generator is not None else None,
+            keys=KeysCursor("builtin", start) if start is not None else KeysCursor("skip"),
+            num_workers=self.num_workers,
+        )
 
     @property  # type: ignore[override]
     def _iterator(self) -> LoaderIterator | None:
@@ -297,11 +428,18 @@ class DataLoader(TorchDataLoader[T_co]):
 
     def _make_iterator(self) -> LoaderIterator:
         plan = self._plan()
+        pending, self._pending = self._pending, None
+        resume = pending[0] if pending is not None else None
+        iterator: LoaderIterator
         if self.num_workers == 0:
-            return InlineIterator(plan)
-        from ferry._engine.pool import WorkerIterator
+            iterator = InlineIterator(plan, resume)
+        else:
+            from ferry._engine.pool import WorkerIterator
 
-        return WorkerIterator(plan)
+            iterator = WorkerIterator(plan, resume)
+        self._last_track = iterator._track
+        self._last_loaded = pending
+        return iterator
 
     def _plan(self) -> EpochPlan:
         """This loader's parts and options as the next epoch will use them."""
@@ -329,6 +467,7 @@ class DataLoader(TorchDataLoader[T_co]):
             pin_memory_device=self.pin_memory_device,
             buffer_pool=self._buffer_pool(),
             reported_length=self._IterableDataset_len_called,
+            snapshot_every=self.snapshot_every_n_steps,
         )
 
     def __len__(self) -> int:
@@ -381,7 +520,7 @@ class DataLoader(TorchDataLoader[T_co]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Live state (an epoch in progress, buffers, a lock) does not travel with the loader.
-        state.update(_live_iterator=None, _pool=None, _pool_lock=None)
+        state.update(_live_iterator=None, _pool=None, _pool_lock=None, _last_track=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

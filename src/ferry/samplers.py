@@ -21,10 +21,12 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Iterable, Iterator, Sequence, Sized
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
+from ferry._engine.rng import generator_from_state, generator_state, set_generator_state
 from ferry._torch_types import (
     TorchBatchSampler,
     TorchRandomSampler,
@@ -39,6 +41,7 @@ __all__ = [
     "BatchSampler",
     "RandomSampler",
     "Sampler",
+    "SamplerRun",
     "SequentialSampler",
     "SubsetRandomSampler",
     "TensorChunkSampler",
@@ -53,6 +56,72 @@ T_co = TypeVar("T_co", covariant=True)
 # sequence identical for the same generator state.
 _REPLACEMENT_DRAW = 32
 _SEQUENTIAL_CHUNK = 1 << 16
+
+
+@dataclass
+class SamplerRun:
+    """One iteration of a built-in sampler: how it began, and where it resumes.
+
+    ``start`` is plain data that fixes the iteration's whole sequence: the generator's state
+    when the iteration began drawing (or the seed it drew from torch's global RNG). The sampler
+    fills it in when it first draws; given one, the sampler draws the same sequence again
+    without touching the global RNG. ``skip`` leading keys are left out (a resume), which costs
+    a slice, not a walk through them. A sampler may rewrite ``start`` on resume (a
+    :class:`~ferry.DistributedSampler` resumed with another world size does) and then sets
+    ``skip`` to 0.
+    """
+
+    start: dict[str, Any] | None = None
+    skip: int = 0
+
+
+def _skip_chunks(chunks: Iterator[torch.Tensor], skip: int) -> Iterator[torch.Tensor]:
+    """``chunks`` without their first ``skip`` elements (all chunks are still drawn)."""
+    for chunk in chunks:
+        if skip >= chunk.numel():
+            skip -= chunk.numel()
+            continue
+        yield chunk[skip:] if skip else chunk
+        skip = 0
+
+
+def _run_generator(run: SamplerRun, own: Any, global_draw: bool) -> Any:
+    """The generator one iteration draws from, recording (or replaying) how it began.
+
+    ``own`` is the sampler's generator. Without one, a sampler either seeds a fresh generator
+    from torch's global RNG (``global_draw=False``: the seed is recorded) or draws straight
+    from the global RNG (``global_draw=True``: the global state is recorded, and a resume
+    draws from a copy of it, leaving the global RNG alone).
+    """
+    if own is not None and not isinstance(own, torch.Generator):
+        return own  # not a generator: the draw raises torch's own TypeError for it
+    start = run.start
+    if start is not None:
+        if "seed" in start:
+            return torch.Generator().manual_seed(int(start["seed"]))
+        if own is not None:
+            set_generator_state(own, start["generator"])
+            return own
+        return generator_from_state(start["generator"])
+    if own is not None:
+        run.start = {"generator": generator_state(own)}
+        return own
+    if global_draw:
+        run.start = {"generator": generator_state(torch.default_generator)}
+        return None
+    seed = int(torch.empty((), dtype=torch.int64).random_().item())
+    run.start = {"seed": seed}
+    return torch.Generator().manual_seed(seed)
+
+
+def pending_start(sampler: object) -> dict[str, Any] | None:
+    """The start a built-in sampler's next iteration would record, if it is known now: the
+    state of its own generator. None when the next iteration draws from torch's global RNG
+    (whose state is the user's to restore)."""
+    generator = getattr(sampler, "generator", None)
+    if isinstance(generator, torch.Generator) and not isinstance(sampler, SequentialSampler):
+        return {"generator": generator_state(generator)}
+    return None
 
 
 class Sampler(TorchSampler[T_co]):
@@ -96,19 +165,25 @@ class TensorChunkSampler(Sampler[int]):
     """
 
     def __iter__(self) -> Iterator[int]:
-        for chunk in self._index_chunks():
+        return self._run_keys(SamplerRun())
+
+    def _run_keys(self, run: SamplerRun) -> Iterator[int]:
+        """The keys of one iteration, as ints, started (or resumed) as ``run`` says."""
+        for chunk in self._run_chunks(run):
             yield from chunk.tolist()
 
     def _index_chunks(self) -> Iterator[torch.Tensor]:
-        raise NotImplementedError(f"{type(self).__name__} must define _index_chunks")
+        return self._run_chunks(SamplerRun())
 
+    def _run_chunks(self, run: SamplerRun) -> Iterator[torch.Tensor]:
+        """The keys of one iteration as tensors, started (or resumed) as ``run`` says.
 
-def _fresh_generator() -> torch.Generator:
-    """A generator seeded from torch's global RNG, consuming one draw of it (as torch does)."""
-    seed = int(torch.empty((), dtype=torch.int64).random_().item())
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    return generator
+        A subclass that defines only ``_index_chunks`` has no start to record: a resume skips
+        into a fresh iteration of it.
+        """
+        if type(self)._index_chunks is TensorChunkSampler._index_chunks:
+            raise NotImplementedError(f"{type(self).__name__} must define _index_chunks")
+        return _skip_chunks(self._index_chunks(), run.skip)
 
 
 class SequentialSampler(Sampler[int], TorchSequentialSampler):
@@ -126,10 +201,18 @@ class SequentialSampler(Sampler[int], TorchSequentialSampler):
         return len(self.data_source)
 
     def _index_chunks(self) -> Iterator[torch.Tensor]:
+        return self._run_chunks(SamplerRun())
+
+    def _run_chunks(self, run: SamplerRun) -> Iterator[torch.Tensor]:
         # Bounded chunks: a dataset of a billion rows must not cost 8 GB of indices up front.
+        run.start = {}
         total = len(self.data_source)
-        for start in range(0, total, _SEQUENTIAL_CHUNK):
+        for start in range(min(run.skip, total), total, _SEQUENTIAL_CHUNK):
             yield torch.arange(start, min(start + _SEQUENTIAL_CHUNK, total), dtype=torch.int64)
+
+    def _run_keys(self, run: SamplerRun) -> Iterator[int]:
+        run.start = {}
+        return iter(range(min(run.skip, len(self.data_source)), len(self.data_source)))
 
 
 class RandomSampler(TensorChunkSampler, TorchRandomSampler):
@@ -173,9 +256,12 @@ class RandomSampler(TensorChunkSampler, TorchRandomSampler):
     def __len__(self) -> int:
         return self.num_samples
 
-    def _index_chunks(self) -> Iterator[torch.Tensor]:
+    def _run_chunks(self, run: SamplerRun) -> Iterator[torch.Tensor]:
+        return _skip_chunks(self._draw_chunks(run), run.skip)
+
+    def _draw_chunks(self, run: SamplerRun) -> Iterator[torch.Tensor]:
         n = len(self.data_source)
-        generator = self.generator if self.generator is not None else _fresh_generator()
+        generator = _run_generator(run, self.generator, global_draw=False)
         count = self.num_samples
         if self.replacement:
             for _ in range(count // _REPLACEMENT_DRAW):
@@ -202,7 +288,12 @@ class SubsetRandomSampler(Sampler[Any], TorchSubsetRandomSampler):
         self.generator = generator
 
     def __iter__(self) -> Iterator[Any]:
-        for position in torch.randperm(len(self.indices), generator=self.generator).tolist():
+        return self._run_keys(SamplerRun())
+
+    def _run_keys(self, run: SamplerRun) -> Iterator[Any]:
+        generator = _run_generator(run, self.generator, global_draw=True)
+        order = torch.randperm(len(self.indices), generator=generator)
+        for position in order[run.skip :].tolist():
             yield self.indices[position]
 
     def __len__(self) -> int:
@@ -243,10 +334,12 @@ class WeightedRandomSampler(TensorChunkSampler, TorchWeightedRandomSampler):
     def __len__(self) -> int:
         return self.num_samples
 
-    def _index_chunks(self) -> Iterator[torch.Tensor]:
-        yield torch.multinomial(
-            self.weights, self.num_samples, self.replacement, generator=self.generator
+    def _run_chunks(self, run: SamplerRun) -> Iterator[torch.Tensor]:
+        generator = _run_generator(run, self.generator, global_draw=True)
+        drawn = torch.multinomial(
+            self.weights, self.num_samples, self.replacement, generator=generator
         )
+        yield drawn[run.skip :]
 
 
 class BatchSampler(Sampler[list[Any]], TorchBatchSampler):
@@ -274,12 +367,8 @@ class BatchSampler(Sampler[list[Any]], TorchBatchSampler):
         self.drop_last = drop_last
 
     def __iter__(self) -> Iterator[list[Any]]:
-        keys = iter(self.sampler)
-        size = self.batch_size
-        while batch := list(itertools.islice(keys, size)):
-            if len(batch) < size and self.drop_last:
-                return
-            yield batch
+        # A generator, as torch's: the wrapped sampler's iter() runs at the first batch.
+        yield from batched(iter(self.sampler), self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
         count = len(self.sampler)  # type: ignore[arg-type]
@@ -288,36 +377,71 @@ class BatchSampler(Sampler[list[Any]], TorchBatchSampler):
         return (count + self.batch_size - 1) // self.batch_size
 
 
-def index_chunks(sampler: object) -> Iterator[torch.Tensor] | None:
+def is_builtin_sampler(sampler: object) -> bool:
+    """Whether ``sampler`` is one of ferry's samplers iterating as ferry wrote it, so its
+    iteration can be started from a :class:`SamplerRun` (a subclass that overrides
+    ``__iter__`` decides its keys itself)."""
+    iter_fn = getattr(type(sampler), "__iter__", None)
+    return (
+        (isinstance(sampler, SequentialSampler) and iter_fn is SequentialSampler.__iter__)
+        or (isinstance(sampler, TensorChunkSampler) and iter_fn is TensorChunkSampler.__iter__)
+        or (isinstance(sampler, SubsetRandomSampler) and iter_fn is SubsetRandomSampler.__iter__)
+    )
+
+
+def is_builtin_batch_sampler(batch_sampler: object) -> bool:
+    """Whether ``batch_sampler`` is ferry's :class:`BatchSampler`, iterating as ferry wrote it."""
+    return (
+        isinstance(batch_sampler, BatchSampler)
+        and type(batch_sampler).__iter__ is BatchSampler.__iter__
+    )
+
+
+def index_chunks(sampler: object, run: SamplerRun | None = None) -> Iterator[torch.Tensor] | None:
     """The sampler's keys as 1-D ``int64`` tensors, or None when it cannot give them so.
 
     Draws from the generator exactly as iterating the sampler would, lazily: nothing is drawn
     until the first chunk is asked for. A subclass that overrides ``__iter__`` decides its keys
-    itself, so it gets None.
+    itself, so it gets None. ``run`` starts (or resumes) the iteration.
     """
-    iter_fn = getattr(type(sampler), "__iter__", None)
-    if isinstance(sampler, SequentialSampler) and iter_fn is SequentialSampler.__iter__:
-        return sampler._index_chunks()
-    if isinstance(sampler, TensorChunkSampler) and iter_fn is TensorChunkSampler.__iter__:
-        return sampler._index_chunks()
-    return None
+    if not is_builtin_sampler(sampler) or isinstance(sampler, SubsetRandomSampler):
+        return None
+    assert isinstance(sampler, (SequentialSampler, TensorChunkSampler))
+    return sampler._run_chunks(run if run is not None else SamplerRun())
 
 
-def index_batches(batch_sampler: object) -> Iterator[torch.Tensor] | None:
+def index_batches(
+    batch_sampler: object, run: SamplerRun | None = None
+) -> Iterator[torch.Tensor] | None:
     """The batches of a built-in :class:`BatchSampler` as ``int64`` tensors, or None.
 
     Yields the same batches as iterating ``batch_sampler`` (same keys, same RNG draws), without
     creating a Python ``int`` per key. None when the batch sampler, or the sampler it wraps, is
-    not one whose sequence is known to come from tensor chunks.
+    not one whose sequence is known to come from tensor chunks. ``run`` starts (or resumes) the
+    wrapped sampler's iteration; its ``skip`` counts keys, not batches.
     """
-    if not isinstance(batch_sampler, BatchSampler):
+    if not is_builtin_batch_sampler(batch_sampler):
         return None
-    if type(batch_sampler).__iter__ is not BatchSampler.__iter__:
-        return None
-    chunks = index_chunks(batch_sampler.sampler)
+    assert isinstance(batch_sampler, BatchSampler)
+    chunks = index_chunks(batch_sampler.sampler, run)
     if chunks is None:
         return None
     return _rebatch(chunks, batch_sampler.batch_size, batch_sampler.drop_last)
+
+
+def run_keys(sampler: object, run: SamplerRun) -> Iterator[Any]:
+    """The keys of a built-in sampler (:func:`is_builtin_sampler`), as iterating it yields
+    them, started (or resumed) as ``run`` says."""
+    assert isinstance(sampler, (SequentialSampler, TensorChunkSampler, SubsetRandomSampler))
+    return sampler._run_keys(run)
+
+
+def batched(keys: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
+    """``keys`` in lists of ``size``, as :class:`BatchSampler` groups them."""
+    while batch := list(itertools.islice(keys, size)):
+        if len(batch) < size and drop_last:
+            return
+        yield batch
 
 
 def _rebatch(chunks: Iterator[torch.Tensor], size: int, drop_last: bool) -> Iterator[torch.Tensor]:

@@ -71,7 +71,8 @@ class IterableFetcher:
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.drop_last = drop_last
-        self._stream: Iterator[Any] = iter(dataset)
+        self.stream: Iterator[Any] = iter(dataset)
+        self.items = 0  # samples taken from the stream so far
         self._ended = False
 
     def fetch(self, count: int | None) -> Any:
@@ -79,21 +80,34 @@ class IterableFetcher:
             raise StopIteration
         if not self.auto_collation:
             try:
-                return self.collate_fn(next(self._stream))
+                sample = next(self.stream)
             except StopIteration:
                 self._ended = True
                 raise
+            self.items += 1
+            return self.collate_fn(sample)
         assert count is not None
         samples = []
         for _ in range(count):
             try:
-                samples.append(next(self._stream))
+                samples.append(next(self.stream))
             except StopIteration:
                 self._ended = True
                 break
+        self.items += len(samples)
         if not samples or (self.drop_last and len(samples) < count):
             raise StopIteration
         return self.collate_fn(samples)
+
+    def drop(self, count: int) -> None:
+        """Read and drop ``count`` samples (a resume of a stream that has no state)."""
+        for _ in range(count):
+            try:
+                next(self.stream)
+            except StopIteration:
+                self._ended = True
+                return
+            self.items += 1
 
 
 def make_fetcher(

@@ -1,12 +1,16 @@
 """What ``iter(loader)`` returns: the common part of every engine, and the inline engine.
 
 :class:`LoaderIterator` owns what does not depend on where batches are made: the epoch's keys
-(from the sampler), the workers' base seed, counting and the length check for iterable
-datasets, and pinning. An engine supplies ``_next_batch()``.
+(from the sampler), the workers' base seed, the cursor (the position, written where a batch is
+handed to the user), counting and the length check for iterable datasets, and pinning. An
+engine supplies ``_next_batch()``.
 
-The order of random draws matches torch: the sampler is asked for its iterator first, then the
-base seed is drawn from the loader's generator (or torch's global RNG), and a shuffling
-sampler draws its own seed only when the first batch is asked for.
+Every epoch begins from a :class:`~ferry._engine.cursor.Cursor`: a fresh one is the zero
+cursor, a resumed one is the cursor a state was loaded from. The order of random draws
+matches torch: the sampler is asked for its iterator first, then the base seed is drawn from
+the loader's generator (or torch's global RNG), and a shuffling sampler draws its own seed
+only when the first batch is asked for. A resumed epoch redraws nothing from torch's global RNG
+(the state holds what was drawn) and restores the generators it owns.
 
 Iterators work from an :class:`~ferry._engine.plan.EpochPlan` and hold no reference to their
 loader (see that module for why).
@@ -15,33 +19,172 @@ loader (see that module for why).
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 import torch
 
 from ferry._engine.alloc import using_allocator
-from ferry._engine.fetch import make_fetcher, one_call_gather
+from ferry._engine.cursor import Cursor, Snapshot, WorkerCursor
+from ferry._engine.fetch import IterableFetcher, MapFetcher, make_fetcher, one_call_gather
+from ferry._engine.keys import EpochKeys, KeysCursor
 from ferry._engine.pin import pin_batch
 from ferry._engine.plan import EpochPlan
+from ferry._engine.position import PositionKeeper
+from ferry._engine.rng import generator_state, set_generator_state
+from ferry.samplers import pending_start
 
-__all__ = ["InlineIterator", "LoaderIterator"]
+__all__ = ["Delivery", "EpochTrack", "InlineIterator", "LoaderIterator", "next_epoch_start"]
+
+
+class Delivery(NamedTuple):
+    """A batch an engine hands out, and where it came from: key ``number`` of the epoch, made by
+    ``worker_id`` (0 in the main process), which then stood at ``worker``."""
+
+    batch: Any
+    number: int
+    worker_id: int
+    worker: WorkerCursor | None
+
+
+class EpochTrack:
+    """An iterator's epoch as its loader sees it: the cursor and what it is computed from.
+
+    The loader keeps the track of its last iterator, which holds no workers, so
+    ``loader.state_dict()`` answers after that iterator is gone (a finished ``for`` loop drops
+    it).
+    """
+
+    def __init__(self, plan: EpochPlan, keys: EpochKeys, cursor: Cursor) -> None:
+        self.plan = plan
+        self.keys = keys
+        self.cursor = cursor  # as of the last batch handed out (its keys part: see below)
+        self.loaded: Cursor | None = None  # the cursor this epoch was resumed from
+        self.yielded = 0  # batches handed out by this iterator in this epoch
+        self.finished = False  # StopIteration was raised
+
+    def position(self) -> Cursor:
+        """The position after the last batch handed to the user (see :mod:`.cursor`)."""
+        if self.loaded is not None and self.yielded == 0 and not self.finished:
+            return self.loaded  # nothing handed out since the load: the state loaded
+        plan = self.plan
+        if self.finished:
+            generator = plan.generator if isinstance(plan.generator, torch.Generator) else None
+            after = next_epoch_start(self.cursor, plan.persistent_workers)
+            start = None
+            if self.keys.kind == "builtin":
+                batch_sampler = plan.batch_sampler
+                start = pending_start(
+                    batch_sampler.sampler if batch_sampler is not None else plan.sampler
+                )
+            return replace(
+                after,
+                generator=generator_state(generator) if generator is not None else None,
+                keys=KeysCursor("builtin", start) if start is not None else after.keys,
+            )
+        return replace(self.cursor, keys=self.keys.cursor_at(self.cursor.position))
+
+
+def next_epoch_start(finished: Cursor, persistent: bool) -> Cursor:
+    """The cursor of the epoch after one that is over, drawing from the generators as they
+    stand; persistent workers keep their base seed and their generators."""
+    return Cursor(
+        started=False,
+        base_seed=finished.base_seed if persistent else None,
+        num_workers=finished.num_workers,
+        workers=finished.workers if persistent else (),
+    )
 
 
 class LoaderIterator:
     """Base of the loader's iterators (see the module docstring)."""
 
-    def __init__(self, plan: EpochPlan) -> None:
+    _track: EpochTrack
+
+    def __init__(self, plan: EpochPlan, resume: Cursor | None = None) -> None:
         self._plan = plan
         self._iterable_style = plan.iterable_style
-        self._num_yielded = 0
-        self._length_warned = False
         self._gathers = (
             one_call_gather(plan.dataset, plan.auto_collation, plan.collate_fn) is not None
         )
-        self._keys = plan.keys(self._gathers)
-        self._base_seed = int(
-            torch.empty((), dtype=torch.int64).random_(generator=plan.generator).item()
+        self._open_epoch(resume if resume is not None else Cursor.zero())
+        self._track.loaded = resume
+
+    # -- the epoch and its cursor --------------------------------------------------------------
+
+    def _open_epoch(self, start: Cursor) -> None:
+        """Begin the epoch ``start`` describes: its keys, its base seed, its cursor.
+
+        A map-style epoch resumed at its very end (every batch handed out, ``StopIteration``
+        not yet seen) is over: the next epoch begins instead, in full, as it would have.
+        """
+        plan = self._plan
+        generator = plan.generator if isinstance(plan.generator, torch.Generator) else None
+        while True:
+            if start.generator is not None and generator is not None:
+                set_generator_state(generator, start.generator)
+            keys_cursor = start.keys if start.started or start.keys.kind == "builtin" else None
+            position = start.position if start.started else 0
+            ahead = start.ahead if start.started else frozenset()
+            keys = EpochKeys(
+                plan,
+                self._gathers,
+                cursor=keys_cursor,
+                position=position,
+                exclude=ahead,
+                snapshot_every=plan.snapshot_every,
+            )
+            if start.started:
+                assert start.base_seed is not None
+                base_seed = start.base_seed
+            elif start.base_seed is not None and plan.persistent_workers:
+                base_seed = start.base_seed  # persistent workers keep their seed across epochs
+            else:
+                base_seed = int(
+                    torch.empty((), dtype=torch.int64).random_(generator=plan.generator).item()
+                )
+            if start.started and position and not plan.iterable_style and keys.exhausted():
+                start = next_epoch_start(start, plan.persistent_workers)
+                continue
+            break
+        self._base_seed = base_seed
+        self._length_warned = False
+        workers = max(plan.num_workers, 1)
+        cursor = Cursor(
+            started=True,
+            base_seed=base_seed,
+            generator=generator_state(generator) if generator is not None else None,
+            keys=KeysCursor(keys.kind),
+            position=position,
+            ahead=ahead,
+            turn=start.turn % workers if start.started else 0,
+            num_workers=plan.num_workers,
+            workers=self._resumed_workers(start),
         )
+        if getattr(self, "_track", None) is None:
+            self._track = EpochTrack(plan, keys, cursor)
+        else:  # the loader holds this track: renew it in place
+            track = self._track
+            track.plan, track.keys, track.cursor = plan, keys, cursor
+            track.loaded, track.yielded, track.finished = None, 0, False
+
+    def _resumed_workers(self, start: Cursor) -> tuple[WorkerCursor, ...]:
+        """Each worker's position as the epoch opens; what of ``start`` cannot apply to this
+        loader's workers is dropped (see :meth:`worker_resume`)."""
+        count = max(self._plan.num_workers, 1)
+        if start.num_workers == self._plan.num_workers and len(start.workers) == count:
+            if start.started:
+                return start.workers
+            # Between epochs only the generators carry over (persistent workers).
+            return tuple(WorkerCursor(0, w.rng, Snapshot()) for w in start.workers)
+        return tuple(WorkerCursor() for _ in range(count))
+
+    def worker_resume(self, worker_id: int) -> WorkerCursor | None:
+        """Where worker ``worker_id`` starts: None for a fresh start."""
+        worker = self._track.cursor.workers[worker_id]
+        return None if worker == WorkerCursor() else worker
+
+    # -- iteration -----------------------------------------------------------------------------
 
     def __iter__(self) -> LoaderIterator:
         return self
@@ -51,16 +194,25 @@ class LoaderIterator:
         return len(self._plan.index_sampler)
 
     def __next__(self) -> Any:
-        batch = self._next_batch()
-        self._num_yielded += 1
+        track = self._track
+        try:
+            batch, number, worker_id, worker = self._next_batch()
+        except StopIteration:
+            if not self._resumed_at_stream_end():
+                track.finished = True
+                raise
+            batch, number, worker_id, worker = self._next_batch()
+        # The one place the position moves: the batch is now the user's.
+        track.cursor = track.cursor.delivered(number, worker_id, worker)
+        track.yielded += 1
         # Only a len() asked before the epoch began counts (list(loader) asks one after).
         reported = self._plan.reported_length
-        if reported is not None and self._num_yielded > reported and not self._length_warned:
+        if reported is not None and track.yielded > reported and not self._length_warned:
             self._length_warned = True
             warnings.warn(
                 f"len() of this DataLoader said {reported} batches (from len(dataset) of "
                 f"{type(self._plan.dataset).__name__}), but it has now yielded "
-                f"{self._num_yielded}. If the dataset runs in several workers, check that each "
+                f"{track.yielded}. If the dataset runs in several workers, check that each "
                 "worker reads its own share of the stream (see ferry.get_worker_info).",
                 UserWarning,
                 stacklevel=2,
@@ -69,7 +221,28 @@ class LoaderIterator:
             batch = pin_batch(batch, self._plan.pin_memory_device)
         return batch
 
-    def _next_batch(self) -> Any:
+    def _next_batch(self) -> Delivery:
+        raise NotImplementedError
+
+    def _resumed_at_stream_end(self) -> bool:
+        """Whether this epoch was resumed at the very end of a stream and has now begun the
+        next epoch instead (then the next ``_next_batch`` is that epoch's first)."""
+        track = self._track
+        loaded = track.loaded
+        if not (
+            self._iterable_style
+            and loaded is not None
+            and loaded.started
+            and loaded.position
+            and track.yielded == 0
+        ):
+            return False
+        self._open_epoch(next_epoch_start(track.cursor, self._plan.persistent_workers))
+        self._reopen()
+        return True
+
+    def _reopen(self) -> None:
+        """Open the streams of the epoch just begun (after a resume found a stream's end)."""
         raise NotImplementedError
 
     def _shutdown_workers(self) -> None:
@@ -88,21 +261,34 @@ class LoaderIterator:
 class InlineIterator(LoaderIterator):
     """``num_workers=0``: every batch is fetched in the caller's thread."""
 
-    def __init__(self, plan: EpochPlan) -> None:
+    def __init__(self, plan: EpochPlan, resume: Cursor | None = None) -> None:
         if plan.timeout > 0:
             raise AssertionError(
                 f"timeout={plan.timeout} applies to waiting for workers and needs "
                 "num_workers > 0; with num_workers=0 leave timeout at 0"
             )
-        super().__init__(plan)
+        super().__init__(plan, resume)
         self._allocator = plan.buffer_pool
         # Made after the base seed is drawn: an iterable dataset's stream opens here, as in
-        # torch, so its __iter__ (and any random draw in it) runs at iter(loader).
-        self._fetcher = make_fetcher(
+        # torch, so its __iter__ (and any random draw in it) runs at iter(loader). The main
+        # process's generators are the user's: they are neither reported nor restored.
+        self._keeper = PositionKeeper(plan.dataset, plan.snapshot_every, track_rng=False)
+        self._fetcher: MapFetcher | IterableFetcher = self._keeper.open(
+            self._make_fetcher, self.worker_resume(0)
+        )
+
+    def _make_fetcher(self) -> MapFetcher | IterableFetcher:
+        plan = self._plan
+        return make_fetcher(
             plan.dataset, plan.iterable_style, plan.auto_collation, plan.collate_fn, plan.drop_last
         )
 
-    def _next_batch(self) -> Any:
-        key = next(self._keys)
+    def _reopen(self) -> None:
+        self._fetcher = self._keeper.open(self._make_fetcher, None)
+
+    def _next_batch(self) -> Delivery:
+        number, key = next(self._track.keys)
         with using_allocator(self._allocator):
-            return self._fetcher.fetch(key)
+            batch = self._fetcher.fetch(key)
+        report = self._keeper.after_batch(self._fetcher)
+        return Delivery(batch, number, 0, report.resolve(self._track.cursor.workers[0]))

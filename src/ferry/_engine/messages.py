@@ -14,7 +14,8 @@ worker -> main
     :class:`NewSlab`   a shared-memory slab follows on the same connection, as a file descriptor.
     :class:`Done`      batch ``task`` is ready; ``payload`` is the pickled batch whose tensors
                        refer to slabs by id (see :mod:`ferry._engine.shm`), or the batch object
-                       itself for thread workers.
+                       itself for thread workers; ``report`` is the worker's position after it
+                       (:class:`ferry._engine.position.WorkerReport`).
     :class:`Exhausted` the worker's iterable stream has ended; it had nothing for ``task``.
     :class:`Failed`    user code raised; carries the exception and its formatted traceback.
 """
@@ -96,6 +97,7 @@ class Done:
     task: int
     payload: Any
     slabs: tuple[int, ...] = ()
+    report: Any = None
 
 
 @dataclass(frozen=True)

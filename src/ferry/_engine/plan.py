@@ -8,15 +8,13 @@ new epoch a fresh :class:`EpochPlan` instead.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ferry._engine.alloc import BufferPool
-from ferry.samplers import index_batches
 
 __all__ = ["EpochPlan"]
 
@@ -46,6 +44,8 @@ class EpochPlan:
     buffer_pool: BufferPool
     # len(loader) of an iterable-style dataset, if asked before this epoch began.
     reported_length: int | None
+    # How often the user's stateful parts (sampler, dataset, stream) are asked for their state.
+    snapshot_every: int = 1
 
     @property
     def auto_collation(self) -> bool:
@@ -54,19 +54,3 @@ class EpochPlan:
     @property
     def index_sampler(self) -> Any:
         return self.batch_sampler if self.batch_sampler is not None else self.sampler
-
-    def keys(self, tensor_batches: bool) -> Iterator[Any]:
-        """The keys of one epoch, one per batch to fetch (see :mod:`ferry._engine.fetch`).
-
-        ``iter()`` is called on the sampler here, eagerly, as torch does when an iterator is
-        made. With ``tensor_batches``, a built-in batch sampler hands out index tensors.
-        """
-        if self.iterable_style:
-            return itertools.repeat(self.batch_size)
-        if self.batch_sampler is None:
-            return iter(self.sampler)
-        if tensor_batches:
-            batches = index_batches(self.batch_sampler)
-            if batches is not None:
-                return batches
-        return iter(self.batch_sampler)

@@ -17,22 +17,21 @@ exit, through ``weakref.finalize``.
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 import os
 import pickle
 import queue
 import time
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle
 from typing import TYPE_CHECKING, Any
 
+from ferry._engine.cursor import Cursor, WorkerCursor
 from ferry._engine.group import WorkerGroup, WorkerHandle, start_processes, start_threads
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
-from ferry._engine.iterator import LoaderIterator
+from ferry._engine.iterator import Delivery, LoaderIterator, next_epoch_start
 from ferry._engine.messages import (
     Done,
     Exhausted,
@@ -61,21 +60,23 @@ _WAIT_SLICE = 0.5
 class _Task:
     worker_id: int
     key: Any
+    number: int  # the key's number in the epoch
     result: Any = None
     arrived: bool = False
     error: BaseException | None = None
+    position: WorkerCursor | None = None  # the worker's, after this batch
 
 
 class WorkerIterator(LoaderIterator):
     """``num_workers > 0``: batches are made by worker processes or threads."""
 
-    def __init__(self, plan: EpochPlan) -> None:
+    def __init__(self, plan: EpochPlan, resume: Cursor | None = None) -> None:
         if not plan.prefetch_factor:
             # torch refuses it too (when the iterator is made): no batch could ever be asked.
             raise ValueError(
                 f"prefetch_factor must be >= 1 with num_workers > 0, got {plan.prefetch_factor}"
             )
-        super().__init__(plan)
+        super().__init__(plan, resume)
         self._num_workers = plan.num_workers
         self._prefetch = plan.prefetch_factor
         self._in_order = plan.in_order
@@ -84,6 +85,12 @@ class WorkerIterator(LoaderIterator):
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.shutdown)
         self._fatal: BaseException | None = None
+        self._next_task = 0
+        self._start_group()
+
+    def _start_group(self) -> None:
+        """Start the workers for the epoch just opened (each at its position), and begin it."""
+        plan = self._plan
         configs = [
             WorkerConfig(
                 worker_id=i,
@@ -97,6 +104,9 @@ class WorkerIterator(LoaderIterator):
                 worker_init_fn=plan.worker_init_fn,
                 parent_pid=os.getpid(),
                 rank_world=process_group_rank_world(),
+                resume=self.worker_resume(i),
+                snapshot_every=plan.snapshot_every,
+                track_rng=not self._threads,
             )
             for i in range(self._num_workers)
         ]
@@ -122,23 +132,25 @@ class WorkerIterator(LoaderIterator):
                 self._handles[worker.conn] = worker
                 self._handles[worker.process.sentinel] = worker
         self._waitables = list(self._handles)
-        self._next_task = 0
         self._begin_epoch()
 
     # -- epoch bookkeeping ---------------------------------------------------------------------
 
     def _begin_epoch(self) -> None:
-        # torch asks the sampler for a fresh iterator when workers start, and draws from it
-        # right away to fill the prefetch queue; so does ferry, so RNG draws happen in the
-        # same order.
-        self._keys: Iterator[Any] = self._plan.keys(self._gathers)
+        # The keys were opened with the epoch (before the base seed was drawn, as torch asks
+        # the sampler for its iterator first); they are drawn from right away to fill the
+        # prefetch queue, as torch does, so RNG draws happen in the same order.
         self._keys_done = False
         self._tasks: dict[int, _Task] = {}
         self._first_task = self._next_task
+        # Global task number of the epoch's key number 0 (tasks are numbered across epochs,
+        # so results of an abandoned epoch are told apart).
+        self._epoch_base = self._next_task - self._track.cursor.position
         self._next_yield = self._first_task
         self._in_flight = [0] * self._num_workers
         self._active = [True] * self._num_workers
-        self._cycle = itertools.cycle(range(self._num_workers))
+        self._turn = self._track.cursor.turn
+        self._latest = list(self._track.cursor.workers)
         for _ in range(self._prefetch * self._num_workers):
             self._dispatch()
 
@@ -147,26 +159,35 @@ class WorkerIterator(LoaderIterator):
         if self._fatal is not None or self._group.closed:
             raise RuntimeError("this DataLoader's persistent workers were shut down after an error")
         self._plan = plan
-        self._num_yielded = 0
-        self._length_warned = False
-        for worker in self._workers:
-            worker.send(Resume(worker.slabs.take_freed()))
-        self._begin_epoch()
+        self._open_epoch(next_epoch_start(self._track.cursor, persistent=True))
+        self._reopen()
+
+    def _reopen(self) -> None:
+        if self._plan.persistent_workers:
+            for worker in self._workers:
+                worker.send(Resume(worker.slabs.take_freed()))
+            self._begin_epoch()
+            return
+        # Workers of a new epoch are seeded anew, from its base seed: start new ones.
+        self._finalizer()
+        self._group = WorkerGroup()
+        self._finalizer = weakref.finalize(self, self._group.shutdown)
+        self._start_group()
 
     def _dispatch(self) -> None:
         """Hand the next key of the epoch to a worker, if there is a key and a free worker."""
         if self._keys_done or not any(self._active):
             return
         try:
-            key = next(self._keys)
+            number, key = next(self._track.keys)
         except StopIteration:
             self._keys_done = True
             return
         worker_id = self._pick_worker()
         worker = self._workers[worker_id]
-        task = self._next_task
-        self._next_task += 1
-        self._tasks[task] = _Task(worker_id, key)
+        task = self._epoch_base + number
+        self._next_task = task + 1
+        self._tasks[task] = _Task(worker_id, key, number)
         self._in_flight[worker_id] += 1
         try:
             worker.send(Fetch(task, self._pack(key), worker.slabs.take_freed()))
@@ -177,23 +198,28 @@ class WorkerIterator(LoaderIterator):
         # Thread workers take the key as it is; processes get index tensors as plain ints.
         return key if self._threads else IndexTensor.pack(key)
 
+    def _next_turn(self) -> int:
+        candidate = self._turn
+        self._turn = (candidate + 1) % self._num_workers
+        return candidate
+
     def _pick_worker(self) -> int:
         if self._in_order:
             for _ in range(self._num_workers):
-                candidate = next(self._cycle)
+                candidate = self._next_turn()
                 if self._active[candidate]:
                     return candidate
         active = [w for w in range(self._num_workers) if self._active[w]]
         least = min(self._in_flight[w] for w in active)
         for _ in range(self._num_workers):
-            candidate = next(self._cycle)
+            candidate = self._next_turn()
             if self._active[candidate] and self._in_flight[candidate] == least:
                 return candidate
         return active[0]
 
     # -- the main loop -------------------------------------------------------------------------
 
-    def _next_batch(self) -> Any:
+    def _next_batch(self) -> Delivery:
         if self._fatal is not None:
             raise self._fatal
         try:
@@ -207,7 +233,7 @@ class WorkerIterator(LoaderIterator):
             self._finalizer()
             raise
 
-    def _next_result(self) -> Any:
+    def _next_result(self) -> Delivery:
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
             task = self._skip_to_next_task()
@@ -232,14 +258,14 @@ class WorkerIterator(LoaderIterator):
             self._next_yield += 1
         return None
 
-    def _deliver(self, number: int) -> Any:
+    def _deliver(self, number: int) -> Delivery:
         task = self._tasks.pop(number)
         if number == self._next_yield:
             self._next_yield += 1
         self._dispatch()
         error, task.error = task.error, None
         if error is None:
-            return task.result
+            return Delivery(task.result, task.number, task.worker_id, task.position)
         try:
             raise error
         finally:
@@ -273,10 +299,15 @@ class WorkerIterator(LoaderIterator):
         if isinstance(message, Failed):
             what = "while fetching " + describe_key(task.key, self._iterable_style)
             task.error = self._worker_exception(message, what)
-        elif self._threads:
+            return
+        assert isinstance(message, Done)
+        if message.report is not None:
+            task.position = self._latest[worker_id] = message.report.resolve(
+                self._latest[worker_id]
+            )
+        if self._threads:
             task.result = message.payload
         else:
-            assert isinstance(message, Done)
             worker = self._workers[worker_id]
             task.result = worker.slabs.decode(message.payload, message.slabs)
 

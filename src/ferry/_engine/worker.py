@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ferry._engine.alloc import Allocator, using_allocator
+from ferry._engine.cursor import WorkerCursor
 from ferry._engine.fetch import IterableFetcher, MapFetcher, make_fetcher
 from ferry._engine.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
 from ferry._engine.messages import (
@@ -40,6 +41,7 @@ from ferry._engine.messages import (
     Resume,
     Stop,
 )
+from ferry._engine.position import PositionKeeper
 from ferry._engine.shm import SLABS_SUPPORTED, SlabAllocator, encode_batch
 from ferry.distributed import _inherit_rank_world as inherit_rank_world
 
@@ -66,6 +68,12 @@ class WorkerConfig:
     # The main process's (rank, world size) in torch.distributed, for ferry.distributed.shard:
     # a spawned worker is not in the process group itself.
     rank_world: tuple[int, int] | None = None
+    # Where this worker's first epoch starts (None: fresh), how often it takes the user's
+    # states, and whether it reports its process's random generators (process workers do;
+    # thread workers share the main process's).
+    resume: WorkerCursor | None = None
+    snapshot_every: int = 1
+    track_rng: bool = False
 
     @property
     def seed(self) -> int:
@@ -127,11 +135,12 @@ def run_worker_loop(
     fetch, so tasks queued behind a stop request are not fetched). Shared by process and
     thread workers."""
     stage = "in worker_init_fn"
+    keeper = PositionKeeper(config.dataset, config.snapshot_every, config.track_rng)
     try:
         if config.worker_init_fn is not None:
             config.worker_init_fn(config.worker_id)
         stage = "opening its dataset stream" if config.iterable else "setting up its fetcher"
-        fetcher = config.fetcher()
+        fetcher = keeper.open(config.fetcher, config.resume)
     except BaseException as exc:
         send(failure(None, config.worker_id, exc, stage))
         return
@@ -143,7 +152,7 @@ def run_worker_loop(
         if isinstance(message, Resume):
             if slabs is not None:
                 slabs.begin(message.freed)
-            fetcher = config.fetcher()
+            fetcher = keeper.open(config.fetcher, None)
             continue
         assert isinstance(message, Fetch)
         if stopping.is_set():
@@ -153,8 +162,9 @@ def run_worker_loop(
         try:
             with using_allocator(allocator):
                 batch = fetcher.fetch(IndexTensor.unpack(message.key))
+            report = keeper.after_batch(fetcher)
             if slabs is None:
-                send(Done(message.task, batch))
+                send(Done(message.task, batch, report=report))
                 continue
             payload, used = encode_batch(batch, slabs)
         except StopIteration:
@@ -175,7 +185,7 @@ def run_worker_loop(
                 assert send_slab is not None
                 send_slab(slab.fd)
                 slab.announced = True
-        send(Done(message.task, payload, tuple(s.id for s in used)))
+        send(Done(message.task, payload, tuple(s.id for s in used), report))
 
 
 def _watch_parent(

@@ -1,0 +1,236 @@
+"""The keys of one epoch, started from a cursor: a fresh epoch, or one resumed mid-way.
+
+An epoch hands out one *key* per batch (see :mod:`ferry._engine.fetch`), numbered from 0.
+:class:`EpochKeys` yields ``(number, key)`` pairs and can say, for any number ``n`` of keys
+handed out, how to start again right after them (:meth:`EpochKeys.cursor_at`), as plain data
+(:class:`KeysCursor`). How depends on the sampler:
+
+``builtin``
+    ferry's own samplers (and ferry's :class:`~ferry.BatchSampler` around them): the
+    sequence is fixed by how the iteration began (a generator state, a seed, an epoch), so the
+    cursor is that start and a resume slices the first ``n`` keys off, drawing nothing twice and
+    fetching nothing.
+``stateful``
+    a user's sampler (or its iterator) with ``state_dict()``/``load_state_dict()``: its state is
+    taken every ``snapshot_every`` keys; a resume loads the last snapshot at or before ``n`` and
+    skips the keys after it.
+``skip``
+    any other sampler: a resume iterates it afresh and skips ``n`` keys (indices only).
+``stream``
+    an iterable-style dataset: keys are only batch sizes; the workers' streams hold the
+    position.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ferry._engine.plan import EpochPlan
+from ferry.samplers import (
+    SamplerRun,
+    batched,
+    index_batches,
+    is_builtin_batch_sampler,
+    is_builtin_sampler,
+    pending_start,
+    run_keys,
+)
+
+__all__ = ["EpochKeys", "KeysCursor", "stateful_part"]
+
+KeysKind = Literal["builtin", "stateful", "skip", "stream"]
+
+
+@dataclass(frozen=True)
+class KeysCursor:
+    """Where an epoch's keys start again (see the module docstring for each kind).
+
+    ``base`` is how many keys of the epoch came before ``start`` (not 0 only after a
+    :class:`~ferry.DistributedSampler` was resumed with another world size: its start then
+    describes the rest of the epoch).
+    """
+
+    kind: KeysKind
+    start: dict[str, Any] | None = None
+    snapshot: Any = None
+    snapshot_at: int = 0
+    base: int = 0
+
+
+def stateful_part(obj: object) -> bool:
+    """Whether ``obj`` follows the Stateful protocol (``state_dict`` and ``load_state_dict``)."""
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+@dataclass
+class _Stateful:
+    """A stateful user sampler: where its state lives (the object or its iterator)."""
+
+    holder: Any
+    snapshots: dict[int, Any] = field(default_factory=dict)
+
+
+class EpochKeys(Iterator[tuple[int, Any]]):
+    """One epoch's numbered keys, from ``cursor``, after the first ``position`` of the epoch.
+
+    ``exclude`` holds numbers of keys already handed out past ``position`` (out of order): they are
+    drawn and dropped. ``iter()`` is called on the sampler here, eagerly, as torch does when an
+    iterator is made; with ``tensor_batches``, a built-in batch sampler hands out index tensors.
+    """
+
+    def __init__(
+        self,
+        plan: EpochPlan,
+        tensor_batches: bool,
+        *,
+        cursor: KeysCursor | None = None,
+        position: int = 0,
+        exclude: frozenset[int] = frozenset(),
+        snapshot_every: int = 1,
+    ) -> None:
+        self._plan = plan
+        self._exclude = exclude
+        self._every = max(1, snapshot_every)
+        self._stateful: _Stateful | None = None
+        self._run: SamplerRun | None = None
+        self._builtin_sampler: Any = None
+        self.base = cursor.base if cursor is not None else 0
+        self._skip = position - self.base  # keys to skip past the cursor's start
+        self._rebase_checked = False
+        self.taken = position  # numbers handed out (or skipped) so far
+        self._peeked: tuple[int, Any] | None = None
+        self.kind, self._keys = self._open(tensor_batches, cursor, self._skip)
+
+    # -- opening -------------------------------------------------------------------------------
+
+    def _open(
+        self, tensor_batches: bool, cursor: KeysCursor | None, skip: int
+    ) -> tuple[KeysKind, Iterator[Any]]:
+        plan = self._plan
+        if plan.iterable_style:
+            return "stream", itertools.repeat(plan.batch_size)
+        batch_sampler, sampler = plan.batch_sampler, plan.sampler
+        start = cursor.start if cursor is not None and cursor.kind == "builtin" else None
+        if batch_sampler is None and is_builtin_sampler(sampler):
+            self._run = SamplerRun(start, skip)
+            self._builtin_sampler = sampler
+            return "builtin", run_keys(sampler, self._run)
+        if is_builtin_batch_sampler(batch_sampler) and is_builtin_sampler(batch_sampler.sampler):
+            size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
+            self._run = SamplerRun(start, skip * size)
+            self._builtin_sampler = batch_sampler.sampler
+            if tensor_batches:
+                batches = index_batches(batch_sampler, self._run)
+                if batches is not None:
+                    return "builtin", batches
+            return "builtin", batched(run_keys(batch_sampler.sampler, self._run), size, drop_last)
+        # A user's sampler: stateful or not. ferry's BatchSampler around a user's sampler is
+        # opened here so the state is the inner sampler's; its iter() runs at the first batch,
+        # as in BatchSampler.__iter__ (torch's too), unless a resume needs it now.
+        wrapped = is_builtin_batch_sampler(batch_sampler)
+        snapshot = cursor.snapshot if cursor is not None and cursor.kind == "stateful" else None
+        at = cursor.snapshot_at if snapshot is not None and cursor is not None else 0
+        if wrapped and not skip and snapshot is None:
+            holder: list[Iterator[Any]] = []
+            kind: KeysKind = "stateful" if stateful_part(batch_sampler.sampler) else "skip"
+
+            def lazily() -> Iterator[Any]:
+                holder.append(self._open_user(True, None, 0, 0))
+                yield from holder[0]
+
+            return kind, lazily()
+        keys = self._open_user(wrapped, snapshot, at, skip)
+        return ("stateful" if self._stateful is not None else "skip"), keys
+
+    def _open_user(self, wrapped: bool, snapshot: Any, at: int, skip: int) -> Iterator[Any]:
+        plan = self._plan
+        batch_sampler = plan.batch_sampler
+        source = batch_sampler.sampler if wrapped else plan.index_sampler
+        if stateful_part(source):
+            if snapshot is not None:
+                source.load_state_dict(snapshot)
+            it = iter(source)
+            self._stateful = _Stateful(source)
+        else:
+            it = iter(source)
+            if stateful_part(it):
+                if snapshot is not None:
+                    it.load_state_dict(snapshot)
+                self._stateful = _Stateful(it)
+            else:
+                at = 0
+        keys: Iterator[Any] = (
+            batched(it, batch_sampler.batch_size, batch_sampler.drop_last) if wrapped else it
+        )
+        if self._stateful is not None:
+            self._stateful.snapshots[at] = self._stateful.holder.state_dict()
+        # Fast-forward past the keys after the snapshot (indices only, no sample is fetched).
+        for _ in range(skip - at):
+            if next(keys, _END) is _END:
+                break
+        return keys
+
+    # -- iteration -----------------------------------------------------------------------------
+
+    def __next__(self) -> tuple[int, Any]:
+        if self._peeked is not None:
+            pair, self._peeked = self._peeked, None
+            return pair
+        while True:
+            key = next(self._keys)
+            number = self.taken
+            self.taken += 1
+            if not self._rebase_checked:
+                self._check_rebase()
+            stateful = self._stateful
+            if stateful is not None and self.taken % self._every == 0:
+                stateful.snapshots[self.taken] = stateful.holder.state_dict()
+            if number not in self._exclude:
+                return number, key
+
+    def exhausted(self) -> bool:
+        """Whether no key is left (draws the next one ahead, kept for the next ``next``)."""
+        if self._peeked is not None:
+            return False
+        try:
+            self._peeked = next(self)
+        except StopIteration:
+            return True
+        return False
+
+    def _check_rebase(self) -> None:
+        # A built-in sampler may rewrite its start when it begins (a DistributedSampler
+        # resumed with another world size): the keys skipped so far then precede the start.
+        self._rebase_checked = True
+        run = self._run
+        if run is not None and self._skip and run.skip == 0:
+            self.base += self._skip
+
+    # -- the cursor ----------------------------------------------------------------------------
+
+    def cursor_at(self, count: int) -> KeysCursor:
+        """How to start again after the first ``count`` keys of the epoch (with
+        ``position=count``)."""
+        if self.kind == "builtin":
+            assert self._run is not None
+            start = self._run.start
+            if start is None:
+                start = pending_start(self._builtin_sampler)
+            return KeysCursor("builtin", start, base=self.base)
+        if self.kind == "stateful":
+            if self._stateful is None:  # opened lazily and not yet: resume from a fresh start
+                return KeysCursor("stateful")
+            snapshots = self._stateful.snapshots
+            at = max(n for n in snapshots if n <= count)
+            for old in [n for n in snapshots if n < at]:
+                del snapshots[old]  # never asked for again: the cursor only moves forward
+            return KeysCursor("stateful", snapshot=snapshots[at], snapshot_at=at)
+        return KeysCursor(self.kind)
+
+
+_END = object()

@@ -1,0 +1,103 @@
+"""A worker's side of the cursor: open its fetcher at a saved position, report each new one.
+
+Every place that fetches (a worker process, a worker thread, the main process with
+``num_workers=0``) holds one :class:`PositionKeeper`. Opening an epoch restores, in this order,
+what the uninterrupted run had done by the last batch the user received from this worker:
+
+1. the dataset's own state (``dataset.load_state_dict``), before its stream is opened;
+2. the stream (``iter(dataset)``), then its iterator's state (``load_state_dict``) if it has one;
+3. the samples taken since that state: read and dropped (a stream with no state drops them all);
+4. the process's random generators, last, so draws made while dropping do not count twice.
+
+After each batch, :meth:`PositionKeeper.after_batch` reports the new position: the stream's
+sample count always, the generators only when they changed, the user states every
+``snapshot_every`` batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ferry._engine.cursor import Snapshot, WorkerCursor
+from ferry._engine.fetch import IterableFetcher, MapFetcher
+from ferry._engine.keys import stateful_part
+from ferry._engine.rng import ProcessRng
+
+__all__ = ["PositionKeeper", "WorkerReport"]
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What changed in a worker's position with one batch (sent with the batch).
+
+    ``rng`` and ``snapshot`` are None when unchanged since the worker's previous batch.
+    """
+
+    items: int
+    rng: ProcessRng | None = None
+    snapshot: Snapshot | None = None
+
+    def resolve(self, previous: WorkerCursor) -> WorkerCursor:
+        """The full position this report describes, given the worker's previous one."""
+        return WorkerCursor(
+            self.items,
+            self.rng if self.rng is not None else previous.rng,
+            self.snapshot if self.snapshot is not None else previous.snapshot,
+        )
+
+
+class PositionKeeper:
+    """Restores and reports one fetcher's position (see the module docstring)."""
+
+    def __init__(self, dataset: Any, snapshot_every: int, track_rng: bool) -> None:
+        self._dataset = dataset
+        self._every = max(1, snapshot_every)
+        self._track_rng = track_rng
+        self._dataset_stateful = stateful_part(dataset)
+        self._batches = 0
+        self._last_rng: ProcessRng | None = None
+
+    def open(
+        self,
+        make: Callable[[], MapFetcher | IterableFetcher],
+        resume: WorkerCursor | None,
+        restore_rng: bool = True,
+    ) -> MapFetcher | IterableFetcher:
+        """A fetcher made by ``make()``, at ``resume`` (or fresh, with None)."""
+        self._batches = 0
+        snapshot = resume.snapshot if resume is not None else Snapshot()
+        if snapshot.dataset is not None and self._dataset_stateful:
+            self._dataset.load_state_dict(snapshot.dataset)
+        fetcher = make()
+        if isinstance(fetcher, IterableFetcher) and resume is not None:
+            fetcher.items = snapshot.items
+            if snapshot.stream is not None and stateful_part(fetcher.stream):
+                fetcher.stream.load_state_dict(snapshot.stream)  # type: ignore[attr-defined]
+            fetcher.drop(resume.items - snapshot.items)
+        if resume is not None and resume.rng is not None and restore_rng and self._track_rng:
+            resume.rng.restore()
+        if self._track_rng:
+            self._last_rng = ProcessRng.capture()
+        return fetcher
+
+    def after_batch(self, fetcher: MapFetcher | IterableFetcher) -> WorkerReport:
+        self._batches += 1
+        items = fetcher.items if isinstance(fetcher, IterableFetcher) else 0
+        rng: ProcessRng | None = None
+        if self._track_rng:
+            now = ProcessRng.capture()
+            if now != self._last_rng:
+                rng = self._last_rng = now
+        snapshot: Snapshot | None = None
+        if self._batches % self._every == 0:
+            stream = fetcher.stream if isinstance(fetcher, IterableFetcher) else None
+            stream_stateful = stream is not None and stateful_part(stream)
+            if self._dataset_stateful or stream_stateful:
+                snapshot = Snapshot(
+                    items,
+                    self._dataset.state_dict() if self._dataset_stateful else None,
+                    stream.state_dict() if stream_stateful else None,  # type: ignore[union-attr]
+                )
+        return WorkerReport(items, rng, snapshot)

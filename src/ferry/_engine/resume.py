@@ -1,0 +1,72 @@
+"""Fitting a loaded state to a loader with another number of workers.
+
+A map-style dataset has no per-worker position (the keys come from the main process), so a
+state resumes with any ``num_workers``: the workers of the new loader start seeded from the
+epoch's base seed, the old workers' generators are dropped (which worker made which batch
+changes with the count anyway). Only a dataset that keeps a state of its own in each worker
+(``state_dict`` on the dataset) ties the state to the count.
+
+An iterable-style dataset's position *is* per worker (each worker reads its own share of the
+stream), so another count is refused, unless the dataset declares ``state_per_shard = True``:
+then its stream iterator's ``state_dict()`` returns ``{shard name: shard state}`` for the shards
+that worker reads, and ``load_state_dict`` takes the states of *all* shards (each worker picks
+out its own). The states of all old workers are merged and handed to every new worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ferry._engine.cursor import Cursor, Snapshot, WorkerCursor
+
+__all__ = ["fit_workers"]
+
+
+def fit_workers(cursor: Cursor, num_workers: int, dataset: Any, iterable: bool) -> Cursor:
+    """``cursor`` made to fit a loader with ``num_workers``; ValueError when it cannot."""
+    if cursor.num_workers == num_workers:
+        return cursor
+    fresh = replace(cursor, num_workers=num_workers, workers=(), turn=0)
+    if not cursor.started:
+        return fresh
+    counts = (
+        f"the state was saved with num_workers={cursor.num_workers}, this loader has "
+        f"num_workers={num_workers}"
+    )
+    if not iterable:
+        if any(w.snapshot.dataset is not None for w in cursor.workers):
+            raise ValueError(
+                f"DataLoader state does not fit this loader: {counts}, and "
+                f"{type(dataset).__name__} keeps a state of its own in each worker "
+                "(state_dict on the dataset), which cannot be split over another number of "
+                "workers. Resume with the same num_workers."
+            )
+        return fresh
+    if not any(w.items or w.snapshot != Snapshot() for w in cursor.workers):
+        return fresh
+    if not getattr(dataset, "state_per_shard", False):
+        raise ValueError(
+            f"DataLoader state does not fit this loader: {counts}. An iterable-style dataset's "
+            "position is per worker (each reads its own share of the stream), so resume with "
+            "the same num_workers, or give the dataset per-shard state (state_per_shard = "
+            "True; see the README's 'Resuming')."
+        )
+    merged: dict[str, Any] = {}
+    for worker_id, worker in enumerate(cursor.workers):
+        states = worker.snapshot.stream
+        if worker.items != worker.snapshot.items or not isinstance(states, dict):
+            raise ValueError(
+                f"DataLoader state does not fit this loader: {counts}, and worker {worker_id}'s "
+                "stream state is not a per-shard dict taken after its last batch (a dataset "
+                "with state_per_shard = True needs snapshot_every_n_steps=1 and a "
+                "state_dict() that returns {shard name: state})"
+            )
+        overlap = merged.keys() & states.keys()
+        if overlap:
+            raise ValueError(
+                f"DataLoader state has shards read by more than one worker: {sorted(overlap)}"
+            )
+        merged.update(states)
+    every = WorkerCursor(0, None, Snapshot(0, None, merged))
+    return replace(fresh, workers=tuple(every for _ in range(max(num_workers, 1))))
