@@ -6,9 +6,9 @@ round-robin, skipping workers whose iterable stream has ended; each worker has a
 ``in_order=True`` results are yielded by task number; otherwise as they come, and new tasks go
 to the least busy worker.
 
-The main process waits on every worker connection *and* every worker process's sentinel at once
-(:func:`multiprocessing.connection.wait`), so a worker that dies is noticed as soon as it dies,
-and ``timeout`` is measured by the same wait. Thread workers report through one queue.
+Tasks go out and typed messages come back through one :class:`~ferry._engine.channels.Channel`,
+whichever kind the workers are; a dead worker is noticed as soon as it dies, and ``timeout`` is
+measured by the same wait.
 
 Teardown is :meth:`ferry._engine.group.WorkerGroup.shutdown` (layered, bounded); it runs when
 the epoch ends, on a fatal error, when the iterator is garbage collected, or at interpreter
@@ -19,36 +19,23 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import pickle
-import queue
 import time
 import weakref
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import recv_handle
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from typing_extensions import assert_never
+
+from ferry._engine.channels import WorkerGone, WorkerMessage, open_channel
 from ferry._engine.cursor import Cursor, WorkerCursor
 from ferry._engine.group import WorkerGroup, WorkerHandle, start_processes, start_threads
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import Delivery, LoaderIterator, next_epoch_start
-from ferry._engine.messages import (
-    Done,
-    Exhausted,
-    Failed,
-    Fetch,
-    IndexTensor,
-    NewSlab,
-    Ready,
-    Resume,
-)
+from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume
 from ferry._engine.plan import EpochPlan
 from ferry._engine.worker import WorkerConfig
 from ferry.distributed import _process_group_rank_world as process_group_rank_world
 from ferry.errors import WorkerDied, WorkerTimeout, add_note, describe_key, rebuild_exception
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["WorkerIterator"]
 
@@ -124,14 +111,7 @@ class WorkerIterator(LoaderIterator):
             self._finalizer()
             raise
         self._workers = self._group.workers
-        # What the main process waits on: every pipe and every process sentinel (fixed once
-        # the workers have started, so built once, not per batch).
-        self._handles: dict[Any, WorkerHandle] = {}
-        for worker in self._workers:
-            if worker.conn is not None and worker.process is not None:
-                self._handles[worker.conn] = worker
-                self._handles[worker.process.sentinel] = worker
-        self._waitables = list(self._handles)
+        self._channel = open_channel(self._group, self._threads)
         self._begin_epoch()
 
     # -- epoch bookkeeping ---------------------------------------------------------------------
@@ -190,13 +170,9 @@ class WorkerIterator(LoaderIterator):
         self._tasks[task] = _Task(worker_id, key, number)
         self._in_flight[worker_id] += 1
         try:
-            worker.send(Fetch(task, self._pack(key), worker.slabs.take_freed()))
-        except OSError:
-            raise self._died(worker) from None
-
-    def _pack(self, key: Any) -> Any:
-        # Thread workers take the key as it is; processes get index tensors as plain ints.
-        return key if self._threads else IndexTensor.pack(key)
+            self._channel.send_task(worker, task, key)
+        except WorkerGone as gone:
+            raise self._died(gone.worker) from None
 
     def _next_turn(self) -> int:
         candidate = self._turn
@@ -273,43 +249,46 @@ class WorkerIterator(LoaderIterator):
             # make a cycle that keeps the iterator, and its workers, alive until a GC pass.
             del error, task
 
-    def _handle(self, worker_id: int, message: Any) -> None:
-        if isinstance(message, Ready):
-            return
-        if isinstance(message, Failed) and message.task is None:
-            exc = self._worker_exception(message, f"while starting ({message.stage})")
-            self._fatal = exc
-            self._finalizer()
-            raise exc
-        task_number: int = message.task
-        if task_number < self._first_task:
-            # From an abandoned epoch (in-flight counts were reset when the new one began):
-            # dropped unread, so its slabs go straight back.
-            if isinstance(message, Done) and message.slabs:
-                self._workers[worker_id].slabs.release(message.slabs)
-            return
-        self._in_flight[worker_id] -= 1
-        if isinstance(message, Exhausted):
-            self._active[worker_id] = False
-            self._tasks.pop(task_number, None)  # already skipped if its turn came first
-            self._dispatch()
-            return
-        task = self._tasks[task_number]
-        task.arrived = True
-        if isinstance(message, Failed):
-            what = "while fetching " + describe_key(task.key, self._iterable_style)
-            task.error = self._worker_exception(message, what)
-            return
-        assert isinstance(message, Done)
-        if message.report is not None:
-            task.position = self._latest[worker_id] = message.report.resolve(
-                self._latest[worker_id]
-            )
-        if self._threads:
-            task.result = message.payload
-        else:
-            worker = self._workers[worker_id]
-            task.result = worker.slabs.decode(message.payload, message.slabs)
+    def _handle(self, worker_id: int, message: WorkerMessage) -> None:
+        match message:
+            case Ready():
+                return
+            case Failed(task=None):
+                exc = self._worker_exception(message, f"while starting ({message.stage})")
+                self._fatal = exc
+                self._finalizer()
+                raise exc
+            case Done(task=number) | Exhausted(task=number) | Failed(task=int() as number) if (
+                number < self._first_task
+            ):
+                # From an abandoned epoch (in-flight counts were reset when the new one began):
+                # dropped unread, so its slabs go straight back.
+                if isinstance(message, Done) and message.slabs:
+                    self._workers[worker_id].slabs.release(message.slabs)
+                return
+            case Exhausted(task=number):
+                self._in_flight[worker_id] -= 1
+                self._active[worker_id] = False
+                self._tasks.pop(number, None)  # already skipped if its turn came first
+                self._dispatch()
+            case Failed(task=number):
+                assert number is not None  # (a failure at start-up is matched above)
+                self._in_flight[worker_id] -= 1
+                task = self._tasks[number]
+                task.arrived = True
+                what = "while fetching " + describe_key(task.key, self._iterable_style)
+                task.error = self._worker_exception(message, what)
+            case Done(task=number, report=report):
+                self._in_flight[worker_id] -= 1
+                task = self._tasks[number]
+                task.arrived = True
+                if report is not None:
+                    task.position = self._latest[worker_id] = report.resolve(
+                        self._latest[worker_id]
+                    )
+                task.result = self._channel.batch(worker_id, message)
+            case _:
+                assert_never(message)
 
     def _worker_exception(self, message: Failed, what: str) -> BaseException:
         exc = rebuild_exception(message.exception, message.type_name, message.message)
@@ -317,7 +296,7 @@ class WorkerIterator(LoaderIterator):
         add_note(exc, "worker traceback:\n" + message.traceback.rstrip())
         return exc
 
-    def _receive(self, deadline: float | None) -> tuple[int, Any]:
+    def _receive(self, deadline: float | None) -> tuple[int, WorkerMessage]:
         """The next message from any worker; raises if a worker died or ``deadline`` passed."""
         while True:
             left = (
@@ -325,46 +304,12 @@ class WorkerIterator(LoaderIterator):
             )
             if left <= 0:
                 raise self._timeout_error()
-            got = self._receive_threads(left) if self._threads else self._receive_processes(left)
+            try:
+                got = self._channel.receive(left, self._in_flight)
+            except WorkerGone as gone:
+                raise self._died(gone.worker) from None
             if got is not None:
                 return got
-
-    def _receive_threads(self, wait_for: float) -> tuple[int, Any] | None:
-        try:
-            got: tuple[int, Any] = self._group.outbox.get(timeout=wait_for)
-        except queue.Empty:
-            for worker in self._workers:
-                assert worker.thread is not None
-                if not worker.thread.is_alive() and self._in_flight[worker.worker_id]:
-                    raise self._died(worker) from None
-            return None
-        return got
-
-    def _receive_processes(self, wait_for: float) -> tuple[int, Any] | None:
-        by_handle = self._handles
-        ready = wait(self._waitables, timeout=wait_for)
-        for handle in ready:
-            worker = by_handle[handle]
-            if isinstance(handle, Connection):
-                return worker.worker_id, self._read(worker)
-        for handle in ready:
-            worker = by_handle[handle]
-            assert worker.conn is not None
-            if worker.conn.poll(0):
-                return worker.worker_id, self._read(worker)  # its last words first
-            raise self._died(worker)
-        return None
-
-    def _read(self, worker: WorkerHandle) -> Any:
-        assert worker.conn is not None
-        try:
-            message = pickle.loads(worker.conn.recv_bytes())
-            while isinstance(message, NewSlab):
-                worker.slabs.add(message.slab_id, message.size, recv_handle(worker.conn))
-                message = pickle.loads(worker.conn.recv_bytes())
-        except (EOFError, OSError):
-            raise self._died(worker) from None
-        return message
 
     def _in_flight_of(self, worker_id: int) -> str:
         keys = [t.key for t in self._tasks.values() if t.worker_id == worker_id and not t.arrived]

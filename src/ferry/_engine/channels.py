@@ -1,0 +1,154 @@
+"""The main process's end of a group of workers: tasks out, typed messages back.
+
+One :class:`Channel` type serves both kinds of worker, so the worker iterator never asks which
+kind it runs:
+
+* :class:`ProcessChannel`: one pipe per worker process; the main process waits on every pipe
+  *and* every process sentinel at once (:func:`multiprocessing.connection.wait`), so a worker
+  that dies is noticed as soon as it dies. Batches arrive as pickles whose tensors live in
+  shared-memory slabs (:mod:`ferry._engine.shm`); index tensors travel as plain ints.
+* :class:`ThreadChannel`: thread workers put their messages on one shared queue; objects pass
+  as they are.
+
+:meth:`Channel.receive` returns the next :data:`WorkerMessage` (slab announcements are handled
+inside) or None when ``wait_for`` passed; a worker found dead raises :class:`WorkerGone`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import recv_handle
+from typing import Any
+
+from ferry._engine.group import WorkerGroup, WorkerHandle
+from ferry._engine.messages import Done, Exhausted, Failed, Fetch, IndexTensor, NewSlab, Ready
+
+__all__ = [
+    "Channel",
+    "ProcessChannel",
+    "ThreadChannel",
+    "WorkerGone",
+    "WorkerMessage",
+    "open_channel",
+]
+
+WorkerMessage = Ready | Done | Exhausted | Failed
+
+
+class WorkerGone(Exception):
+    """A worker's process or thread ended without being asked to (its pipe closed, it died)."""
+
+    def __init__(self, worker: WorkerHandle) -> None:
+        super().__init__(f"worker {worker.worker_id} is gone")
+        self.worker = worker
+
+
+class Channel(ABC):
+    """Sends tasks to a group's workers and receives their messages (see the module doc)."""
+
+    def __init__(self, group: WorkerGroup) -> None:
+        self.workers = group.workers
+
+    def send_task(self, worker: WorkerHandle, task: int, key: Any) -> None:
+        """Ask ``worker`` to make batch ``task`` from ``key``; WorkerGone if it is gone."""
+        try:
+            worker.send(Fetch(task, self._pack(key), worker.slabs.take_freed()))
+        except OSError:
+            raise WorkerGone(worker) from None
+
+    @abstractmethod
+    def _pack(self, key: Any) -> Any: ...
+
+    @abstractmethod
+    def receive(
+        self, wait_for: float, in_flight: Sequence[int]
+    ) -> tuple[int, WorkerMessage] | None:
+        """The next message and its worker's id, or None after ``wait_for`` seconds.
+
+        ``in_flight[w]``: how many tasks worker ``w`` holds (a worker that ended holding none
+        is not missed).
+        """
+
+    @abstractmethod
+    def batch(self, worker_id: int, done: Done) -> Any:
+        """The batch a :class:`Done` carries, ready for the user."""
+
+
+class ProcessChannel(Channel):
+    def __init__(self, group: WorkerGroup) -> None:
+        super().__init__(group)
+        # Every pipe and every sentinel, fixed once the workers have started (built once).
+        self._by_handle: dict[Any, WorkerHandle] = {}
+        for worker in self.workers:
+            if worker.conn is not None and worker.process is not None:
+                self._by_handle[worker.conn] = worker
+                self._by_handle[worker.process.sentinel] = worker
+        self._waitables = list(self._by_handle)
+
+    def _pack(self, key: Any) -> Any:
+        return IndexTensor.pack(key)
+
+    def receive(
+        self, wait_for: float, in_flight: Sequence[int]
+    ) -> tuple[int, WorkerMessage] | None:
+        ready = wait(self._waitables, timeout=wait_for)
+        for handle in ready:
+            if isinstance(handle, Connection):
+                worker = self._by_handle[handle]
+                return worker.worker_id, self._read(worker)
+        for handle in ready:
+            worker = self._by_handle[handle]
+            assert worker.conn is not None
+            if worker.conn.poll(0):
+                return worker.worker_id, self._read(worker)  # its last words first
+            raise WorkerGone(worker)
+        return None
+
+    def _read(self, worker: WorkerHandle) -> WorkerMessage:
+        assert worker.conn is not None
+        try:
+            message = pickle.loads(worker.conn.recv_bytes())
+            while isinstance(message, NewSlab):
+                worker.slabs.add(message.slab_id, message.size, recv_handle(worker.conn))
+                message = pickle.loads(worker.conn.recv_bytes())
+        except (EOFError, OSError):
+            raise WorkerGone(worker) from None
+        assert isinstance(message, (Ready, Done, Exhausted, Failed)), message
+        return message
+
+    def batch(self, worker_id: int, done: Done) -> Any:
+        return self.workers[worker_id].slabs.decode(done.payload, done.slabs)
+
+
+class ThreadChannel(Channel):
+    def __init__(self, group: WorkerGroup) -> None:
+        super().__init__(group)
+        self._outbox = group.outbox
+
+    def _pack(self, key: Any) -> Any:
+        return key
+
+    def receive(
+        self, wait_for: float, in_flight: Sequence[int]
+    ) -> tuple[int, WorkerMessage] | None:
+        try:
+            got: tuple[int, WorkerMessage] = self._outbox.get(timeout=wait_for)
+        except queue.Empty:
+            for worker in self.workers:
+                assert worker.thread is not None
+                if not worker.thread.is_alive() and in_flight[worker.worker_id]:
+                    raise WorkerGone(worker) from None
+            return None
+        return got
+
+    def batch(self, worker_id: int, done: Done) -> Any:
+        return done.payload
+
+
+def open_channel(group: WorkerGroup, threads: bool) -> Channel:
+    """The channel to a started group of thread or process workers."""
+    return ThreadChannel(group) if threads else ProcessChannel(group)
