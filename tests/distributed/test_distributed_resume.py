@@ -183,6 +183,22 @@ def test_same_world_resume_continues_every_ranks_epoch(
                     assert _batches(new) == following, (case, rank)
 
 
+@pytest.mark.timeout(60)
+def test_rank_with_nothing_left_reads_nothing_in_the_resumed_epoch() -> None:
+    """Resumed on more ranks than samples left, a rank whose share is empty ends the epoch at
+    once (it does not start the epoch over, nor the next one)."""
+    n, opts = 4, Opts(1, False, False)
+    old = [_loader(n, 2, r, opts, EPOCH) for r in range(2)]
+    assert [_take(loader, 1) for loader in old] == [[[0]], [[1]]]
+    state = _json(old[0].state_dict())  # samples 2 and 3 are left: for new ranks 0 and 1
+    after = []
+    for rank in range(4):
+        new = _loader(n, 4, rank, opts, EPOCH)
+        new.load_state_dict(state)
+        after.append(_batches(new))
+    assert after == [[[2]], [[3]], [], []]
+
+
 def _resize_cases() -> list[tuple[int, int, bool, bool, int]]:
     return [
         (w, nw, s, d, b)
@@ -263,7 +279,7 @@ def test_resumed_epoch_can_be_saved_and_resumed_again(
 # -- real process groups ----------------------------------------------------------------------
 
 RESUME_MAIN = Path(__file__).with_name("_resume_rank_main.py")
-LAUNCH_DEADLINE_S = 90.0
+LAUNCH_DEADLINE_S = 60.0  # each; three launches stay within the tests' timeout
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "shuffled": {"n": 23, "batch_size": 2, "shuffle": True, "drop_last": False, "seed": 7,
@@ -346,7 +362,7 @@ def group_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str,
         per_rank = _launch(world, jobs, root / f"launch{number}")
         for job in jobs:
             status, value = per_rank[0][job["name"]]
-            if status != "ok":  # the first rank's traceback, else any rank's
+            if status != "ok":  # a failure on any rank counts: the first one's traceback
                 status, value = next(
                     (r[job["name"]] for r in per_rank if r[job["name"]][0] != "ok"),
                     (status, value),
@@ -375,8 +391,8 @@ def test_group_resume_sees_every_sample_once(
     resumed = _result(group_runs, f"resume{old}to{new}-{name}")
     assert len(firsts) == old
     assert len(resumed) == new
-    assert firsts == [_torch_epoch(n, old, r, opts, epoch)[: STOPS[name][old]]
-                      for r in range(old)]  # fmt: skip
+    k = STOPS[name][old]
+    assert firsts == [_torch_epoch(n, old, r, opts, epoch)[:k] for r in range(old)]
     if old == new:
         for rank in range(new):
             whole = _torch_epoch(n, new, rank, opts, epoch)

@@ -211,7 +211,8 @@ def _check_reference(result: dict[str, Any]) -> None:
     assert not result["crashed"]
     assert result["leaks"] == NO_LEAKS
     steps = result["steps"]
-    assert [s[:2] for s in steps] == [(e, b) for e in range(EPOCHS) for b in range(BATCHES_PER_EPOCH)]
+    labels = [(e, b) for e in range(EPOCHS) for b in range(BATCHES_PER_EPOCH)]
+    assert [s[:2] for s in steps] == labels
     orders = _epoch_orders(steps)
     for order in orders.values():
         assert sorted(order) == list(range(ROWS))

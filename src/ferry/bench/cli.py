@@ -7,6 +7,7 @@ bad arguments or a missing optional dependency, 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ from ferry.bench.report import (
     to_json,
     write_plot,
 )
+from ferry.bench.resume import ResumeRow, format_resume, run_resume, time_state_dict
 from ferry.bench.runner import Config, run_suite
 from ferry.bench.workloads import WORKLOADS
 
@@ -97,6 +99,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=300.0,
         metavar="SECONDS",
         help="a run taking longer fails its row (default 300; 0: no limit)",
+    )
+    add(
+        "--no-resume",
+        action="store_true",
+        help="skip the resume rows (time to first batch resuming mid-epoch; state_dict() time)",
     )
     add(
         "--candidate",
@@ -180,13 +187,23 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 130
     _progress(f"ferry bench: done in {time.perf_counter() - started:.1f} s")
     print(format_table(rows))
+    resume_rows: list[ResumeRow] = []
+    if not args.no_resume and config.candidate == "ferry":
+        resume_rows = run_resume(config.quick, config.reps, _progress)
+        state_dict_s = time_state_dict()
+        print()
+        print(format_resume(resume_rows, state_dict_s))
     if args.json is not None:
         meta = metadata(argv, config)
         meta["load_average_at_start"] = load
         document = to_json(rows, meta)
+        if resume_rows:
+            document["resume"] = [dataclasses.asdict(r) for r in resume_rows]
+            document["state_dict_s_8_workers"] = state_dict_s
         args.json.write_text(json.dumps(document, indent=2) + "\n")
         _progress(f"ferry bench: wrote {args.json}")
     if args.plot is not None:
         write_plot(rows, args.plot)
         _progress(f"ferry bench: wrote {args.plot}")
-    return 1 if any(row.error for row in rows) else 0
+    failed = any(row.error for row in rows) or any(row.error for row in resume_rows)
+    return 1 if failed else 0
