@@ -147,6 +147,8 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
         [0, 3]
     """
 
+    # Epochs are the user's to begin (set_epoch): a resumed epoch never rolls over by itself.
+    _epochs_set_by_user = True
     # Any sized object, as torch accepts too (its annotation says Dataset).
     dataset: Sized  # type: ignore[assignment]
     num_replicas: int
@@ -192,6 +194,7 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
         self.num_replicas = num_replicas
         self.rank = rank
         self.epoch = 0
+        self._epoch_set = False  # whether set_epoch chose the epoch (see _run_chunks)
         self.shuffle = check_bool("shuffle", shuffle, error=TypeError)
         self.seed = as_int("seed", seed, allow_bool=False)
         self.drop_last = check_bool("drop_last", drop_last, error=TypeError)
@@ -219,6 +222,7 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
             ...     for batch in loader: ...
         """
         self.epoch = as_int("epoch", epoch, allow_bool=False)
+        self._epoch_set = True
 
     def __len__(self) -> int:
         return self.num_samples
@@ -229,6 +233,11 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
 
     def _run_chunks(self, run: SamplerRun) -> Iterator[torch.Tensor]:
         """This rank's indices, started (or resumed) as ``run`` says.
+
+        The user sets the epoch (``set_epoch``), so a resumed iteration continues the saved
+        epoch unless ``set_epoch`` chose another one since the sampler was built (then that
+        epoch starts afresh). An epoch resumed past its end (or a rank's empty share of it)
+        yields nothing, and the loop's next ``set_epoch`` begins the next one.
 
         The start records the epoch, the world size, and ``done``: how many positions of the
         epoch's (shuffled) list all ranks together had used before this start (0 unless the
@@ -246,6 +255,10 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
                 "DistributedSampler was built; the split between ranks is fixed at "
                 "construction, so build a new sampler for the new length"
             )
+        if run.start is not None and self._epoch_set and int(run.start["epoch"]) != self.epoch:
+            # set_epoch moved on since the state was saved (Lightning does when it resumes
+            # from a checkpoint taken at an epoch's end): that epoch is over, this one is new.
+            run.start, run.skip = None, 0
         if run.start is None:
             run.start = {"epoch": self.epoch, "num_replicas": self.num_replicas, "done": 0}
         epoch, replicas, done = (int(run.start[k]) for k in ("epoch", "num_replicas", "done"))

@@ -404,3 +404,21 @@ def test_group_resume_sees_every_sample_once(
     for rank in range(new):
         following = _torch_epoch(n, new, rank, opts, epoch + 1)
         assert resumed[rank]["next"] == following, rank
+
+
+@pytest.mark.timeout(60)
+def test_set_epoch_to_another_epoch_starts_that_epoch_afresh() -> None:
+    """Lightning resumes an end-of-epoch checkpoint by moving to the next epoch and calling
+    set_epoch before iter(): the saved position belongs to the epoch before, so the sampler
+    must yield the new epoch in full. Set to the saved epoch, it continues the saved one."""
+    n, opts = 10, Opts(2, True, False)
+    old = _loader(n, 2, 0, opts, EPOCH)
+    firsts = _take(old, 3)  # the whole of rank 0's epoch: 5 indices in batches of 2
+    state = _json(old.state_dict())
+    moved = _loader(n, 2, 0, opts, EPOCH + 1)
+    moved.load_state_dict(state)
+    assert _batches(moved) == _torch_epoch(n, 2, 0, opts, EPOCH + 1)
+    same = _loader(n, 2, 0, opts, EPOCH)
+    same.load_state_dict(state)
+    assert firsts + _batches(same) == _torch_epoch(n, 2, 0, opts, EPOCH)
+    assert _batches(same) == _torch_epoch(n, 2, 0, opts, EPOCH)  # the loop's next epoch

@@ -116,7 +116,8 @@ class LoaderIterator:
         """Begin the epoch ``start`` describes: its keys, its base seed, its cursor.
 
         A map-style epoch resumed at its very end (every batch handed out, ``StopIteration``
-        not yet seen) is over: the next epoch begins instead, in full, as it would have.
+        not yet seen) is over: the next epoch begins instead, in full, as it would have
+        (not for a :class:`~ferry.DistributedSampler`, whose epochs the user begins).
         """
         plan = self._plan
         generator = plan.generator if isinstance(plan.generator, torch.Generator) else None
@@ -143,7 +144,7 @@ class LoaderIterator:
                 base_seed = int(
                     torch.empty((), dtype=torch.int64).random_(generator=plan.generator).item()
                 )
-            if start.started and position and not plan.iterable_style and keys.exhausted():
+            if start.started and position and not plan.iterable_style and keys.resumed_past_end():
                 start = next_epoch_start(start, plan.persistent_workers)
                 continue
             break

@@ -203,6 +203,13 @@ class EpochKeys(Iterator[tuple[int, Any]]):
             return True
         return False
 
+    def resumed_past_end(self) -> bool:
+        """Whether a resumed epoch has no key left, so the next epoch should begin instead;
+        never for a sampler whose epochs the user begins (``set_epoch``)."""
+        if getattr(self._builtin_sampler, "_epochs_set_by_user", False):
+            return False
+        return self.exhausted()
+
     def _check_rebase(self) -> None:
         # A built-in sampler may rewrite its start when it begins (a DistributedSampler
         # resumed with another world size): the keys skipped so far then precede the start.
