@@ -17,7 +17,7 @@ import torch
 from ferry._engine.alloc import BufferPool
 from ferry._engine.cursor import Cursor, LoaderIdentity, from_plain, to_plain
 from ferry._engine.iterator import EpochTrack, InlineIterator, LoaderIterator
-from ferry._engine.keys import KeysCursor
+from ferry._engine.keys import between_epochs
 from ferry._engine.pin import accelerator_available
 from ferry._engine.plan import EpochPlan
 from ferry._engine.resume import fit_workers
@@ -26,15 +26,7 @@ from ferry._torch_types import TorchDataLoader
 from ferry._validate import as_int
 from ferry.collate import default_collate, default_convert
 from ferry.datasets import is_iterable_style
-from ferry.samplers import (
-    BatchSampler,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-    is_builtin_batch_sampler,
-    is_builtin_sampler,
-    pending_start,
-)
+from ferry.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
 __all__ = ["DataLoader"]
 
@@ -300,7 +292,7 @@ class DataLoader(TorchDataLoader[T_co]):
     def __iter__(self) -> Iterator[T_co]:  # type: ignore[override]
         if self.persistent_workers and self.num_workers > 0:
             if self._live_iterator is None or self._pending is not None:
-                self._iterator = self._make_iterator()  # stops the old one's workers
+                self._replace_iterator(self._make_iterator())  # stops the old one's workers
             else:
                 self._live_iterator._restart(self._plan())
             assert self._live_iterator is not None
@@ -368,7 +360,7 @@ class DataLoader(TorchDataLoader[T_co]):
                 )
         self._pending = (cursor, copy.deepcopy(state_dict))
         if self._live_iterator is not None:
-            self._iterator = None  # persistent workers: the next iter() starts at the state
+            self._replace_iterator(None)  # persistent workers: the next iter() starts there
 
     def _identity(self) -> LoaderIdentity:
         length: int | None = None
@@ -392,17 +384,9 @@ class DataLoader(TorchDataLoader[T_co]):
     def _between_epochs(self) -> Cursor:
         """A loader's position before its first epoch: the generators as they stand now."""
         generator = self.generator if isinstance(self.generator, torch.Generator) else None
-        sampler: Any = None
-        if self.batch_sampler is None and is_builtin_sampler(self.sampler):
-            sampler = self.sampler
-        elif is_builtin_batch_sampler(self.batch_sampler):
-            assert isinstance(self.batch_sampler, BatchSampler)
-            if is_builtin_sampler(self.batch_sampler.sampler):
-                sampler = self.batch_sampler.sampler
-        start = pending_start(sampler) if sampler is not None else None
         return Cursor(
             generator=generator_state(generator) if generator is not None else None,
-            keys=KeysCursor("builtin", start) if start is not None else KeysCursor("skip"),
+            keys=between_epochs(self.sampler, self.batch_sampler),
             num_workers=self.num_workers,
         )
 
@@ -418,6 +402,9 @@ class DataLoader(TorchDataLoader[T_co]):
 
     @_iterator.setter
     def _iterator(self, iterator: LoaderIterator | None) -> None:
+        self._replace_iterator(iterator)
+
+    def _replace_iterator(self, iterator: LoaderIterator | None) -> None:
         old = self.__dict__.get("_live_iterator")
         self._live_iterator = iterator
         if old is not None and old is not iterator:

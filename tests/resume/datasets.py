@@ -8,6 +8,7 @@ object: with thread workers (or ``num_workers=0``) the test reads them directly.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,15 +34,6 @@ def canon(value: Any) -> Any:
     if isinstance(value, float):
         return ("float", value.hex())
     return (type(value).__name__, value)
-
-
-def samples_of(value: Any) -> list[Any]:
-    """The leaf values of a batch, flattened (for 'every sample exactly once' checks)."""
-    if isinstance(value, torch.Tensor):
-        return list(value.flatten().tolist())
-    if isinstance(value, (list, tuple)):
-        return [leaf for v in value for leaf in samples_of(v)]
-    return [value]
 
 
 # -- map-style datasets --------------------------------------------------------------------------
@@ -78,9 +70,9 @@ class Augmented(ferry.Dataset[tuple[int, float, float, float]]):
         return (index, torch.rand(()).item(), random.random(), float(np.random.rand()))
 
 
-class Counted(ferry.Dataset[int]):
-    """Map-style: the index itself; a state of its own (``state_dict`` on the dataset): how
-    many samples this copy of the dataset fetched."""
+class Counted(ferry.Dataset[tuple[int, int]]):
+    """Map-style: ``(index, fetches before this one)``, with a state of its own
+    (``state_dict`` on the dataset): how many samples this copy of the dataset fetched."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -89,15 +81,28 @@ class Counted(ferry.Dataset[int]):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, index: int) -> int:
+    def __getitem__(self, index: int) -> tuple[int, int]:
         self.fetched += 1
-        return index
+        return (index, self.fetched - 1)
 
     def state_dict(self) -> dict[str, Any]:
         return {"fetched": self.fetched}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.fetched = state["fetched"]
+
+
+GATE = threading.Event()
+""":class:`Gated` holds index 0 until this is set (thread workers only)."""
+
+
+class Gated(Ints):
+    """Map-style :class:`Ints` whose index 0 waits (up to 10 s) for :data:`GATE`."""
+
+    def __getitem__(self, index: int) -> int:
+        if index == 0:
+            GATE.wait(10)
+        return super().__getitem__(index)
 
 
 class Huge(ferry.Dataset[int]):
@@ -324,7 +329,8 @@ SHARD_SIZE = 5
 
 class _ShardIterator:
     """Reads the shards of its worker one after another; its state: ``{shard: offset}`` for
-    those shards. ``load_state_dict`` takes the offsets of *all* shards and keeps its own."""
+    those shards. ``load_state_dict`` takes the offsets of *all* shards and keeps its own (a
+    shard missing from it starts from the beginning)."""
 
     def __init__(self) -> None:
         info = ferry.get_worker_info()
@@ -349,7 +355,7 @@ class _ShardIterator:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         for name in self.offsets:
-            self.offsets[name] = state[name]
+            self.offsets[name] = state.get(name, 0)  # a shard nobody read yet: from its start
 
 
 class ShardedStream(ferry.IterableDataset[int]):

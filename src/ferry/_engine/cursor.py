@@ -14,8 +14,10 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
+
 from ferry._engine.keys import KeysCursor
-from ferry._engine.rng import ProcessRng
+from ferry._engine.rng import ProcessRng, generator_from_state
 
 __all__ = [
     "FORMAT",
@@ -216,7 +218,8 @@ def from_plain(state: Any, identity: LoaderIdentity) -> Cursor:
             num_workers=int(saved["num_workers"]),
             workers=workers,
         )
-    except (KeyError, TypeError) as exc:
+        _check_generator_states(cursor)
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
         raise ValueError(
             f"DataLoader state is malformed ({type(exc).__name__}: {exc}); pass the dict that "
             "state_dict() returned, unchanged apart from a json or torch.save round trip"
@@ -226,6 +229,28 @@ def from_plain(state: Any, identity: LoaderIdentity) -> Cursor:
     if cursor.position < 0 or len(cursor.workers) not in (0, max(cursor.num_workers, 1)):
         raise ValueError("DataLoader state is malformed: its position or worker list is invalid")
     return cursor
+
+
+def _check_generator_states(cursor: Cursor) -> None:
+    """Raise now, not at the next ``iter()``, if a generator state in ``cursor`` is unusable."""
+    states = [cursor.generator]
+    start = cursor.keys.start
+    if start is not None:
+        if not isinstance(start, dict):
+            raise TypeError(f"the sampler's start must be a dict, got {type(start).__name__}")
+        states.append(start.get("generator"))
+        if "seed" in start and not isinstance(start["seed"], int):
+            raise TypeError(f"the sampler's seed must be an int, got {start['seed']!r}")
+    for state in states:
+        if state is not None:
+            if not isinstance(state, str):
+                raise TypeError(f"a generator state must be a string, got {type(state).__name__}")
+            generator_from_state(state)
+    for worker in cursor.workers:
+        if worker.rng is not None and len(worker.rng.torch_state) != len(
+            torch.get_rng_state().numpy().tobytes()
+        ):
+            raise ValueError("a worker's torch generator state has the wrong size")
 
 
 def _check_identity(saved: dict[str, Any], identity: LoaderIdentity) -> None:

@@ -27,12 +27,11 @@ import torch
 from ferry._engine.alloc import using_allocator
 from ferry._engine.cursor import Cursor, Snapshot, WorkerCursor
 from ferry._engine.fetch import IterableFetcher, MapFetcher, make_fetcher, one_call_gather
-from ferry._engine.keys import EpochKeys, KeysCursor
+from ferry._engine.keys import EpochKeys, KeysCursor, between_epochs, restore_between_epochs
 from ferry._engine.pin import pin_batch
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position import PositionKeeper
 from ferry._engine.rng import generator_state, set_generator_state
-from ferry.samplers import pending_start
 
 __all__ = ["Delivery", "EpochTrack", "InlineIterator", "LoaderIterator", "next_epoch_start"]
 
@@ -68,21 +67,15 @@ class EpochTrack:
         if self.loaded is not None and self.yielded == 0 and not self.finished:
             return self.loaded  # nothing handed out since the load: the state loaded
         plan = self.plan
-        if self.finished:
+        cursor = self.cursor
+        if self.finished or (not cursor.ahead and self.keys.ended_at(cursor.position)):
             generator = plan.generator if isinstance(plan.generator, torch.Generator) else None
-            after = next_epoch_start(self.cursor, plan.persistent_workers)
-            start = None
-            if self.keys.kind == "builtin":
-                batch_sampler = plan.batch_sampler
-                start = pending_start(
-                    batch_sampler.sampler if batch_sampler is not None else plan.sampler
-                )
             return replace(
-                after,
+                next_epoch_start(cursor, plan.persistent_workers),
                 generator=generator_state(generator) if generator is not None else None,
-                keys=KeysCursor("builtin", start) if start is not None else after.keys,
+                keys=between_epochs(plan.sampler, plan.batch_sampler),
             )
-        return replace(self.cursor, keys=self.keys.cursor_at(self.cursor.position))
+        return replace(cursor, keys=self.keys.cursor_at(cursor.position))
 
 
 def next_epoch_start(finished: Cursor, persistent: bool) -> Cursor:
@@ -122,9 +115,14 @@ class LoaderIterator:
         plan = self._plan
         generator = plan.generator if isinstance(plan.generator, torch.Generator) else None
         while True:
+            keys_cursor: KeysCursor | None = start.keys
+            if not start.started:
+                # Between epochs: the generators as they stood, then a fresh epoch from them.
+                restore_between_epochs(plan.sampler, plan.batch_sampler, start.keys)
+                if start.keys.kind != "stateful" or start.keys.snapshot is None:
+                    keys_cursor = None
             if start.generator is not None and generator is not None:
                 set_generator_state(generator, start.generator)
-            keys_cursor = start.keys if start.started or start.keys.kind == "builtin" else None
             position = start.position if start.started else 0
             ahead = start.ahead if start.started else frozenset()
             keys = EpochKeys(

@@ -28,7 +28,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+
 from ferry._engine.plan import EpochPlan
+from ferry._engine.rng import set_generator_state
 from ferry.samplers import (
     SamplerRun,
     batched,
@@ -39,7 +42,7 @@ from ferry.samplers import (
     run_keys,
 )
 
-__all__ = ["EpochKeys", "KeysCursor", "stateful_part"]
+__all__ = ["EpochKeys", "KeysCursor", "between_epochs", "builtin_source", "stateful_part"]
 
 KeysKind = Literal["builtin", "stateful", "skip", "stream"]
 
@@ -65,6 +68,65 @@ def stateful_part(obj: object) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(
         getattr(obj, "load_state_dict", None)
     )
+
+
+def builtin_source(sampler: Any, batch_sampler: Any) -> Any:
+    """The built-in sampler whose iteration an epoch's keys follow (alone, or in ferry's
+    BatchSampler), or None when the keys come from a user's sampler."""
+    if batch_sampler is None:
+        return sampler if is_builtin_sampler(sampler) else None
+    if is_builtin_batch_sampler(batch_sampler) and is_builtin_sampler(batch_sampler.sampler):
+        return batch_sampler.sampler
+    return None
+
+
+def user_source(sampler: Any, batch_sampler: Any) -> Any:
+    """The user's sampler whose state an epoch's keys keep: the one ferry's BatchSampler wraps,
+    or the index sampler itself."""
+    if is_builtin_batch_sampler(batch_sampler):
+        return batch_sampler.sampler
+    return batch_sampler if batch_sampler is not None else sampler
+
+
+def between_epochs(sampler: Any, batch_sampler: Any) -> KeysCursor:
+    """How the next epoch's keys start, between epochs: a built-in sampler's generator as it
+    stands, or a stateful user sampler's state as it stands (a new iteration of a sampler
+    whose state lives in its iterator starts afresh anyway)."""
+    source = builtin_source(sampler, batch_sampler)
+    if source is not None:
+        start = pending_start(source)
+        return KeysCursor("builtin", start) if start is not None else KeysCursor("skip")
+    source = user_source(sampler, batch_sampler)
+    if stateful_part(source):
+        return KeysCursor("stateful", snapshot=source.state_dict())
+    return KeysCursor("skip")
+
+
+def restore_between_epochs(sampler: Any, batch_sampler: Any, keys: KeysCursor) -> None:
+    """Put a built-in sampler's generator where :func:`between_epochs` found it (before the
+    base seed is drawn: the two may share one generator, and the epoch draws in torch's
+    order from there)."""
+    source = builtin_source(sampler, batch_sampler)
+    generator = getattr(source, "generator", None)
+    start = keys.start if keys.kind == "builtin" else None
+    if start and "generator" in start and isinstance(generator, torch.Generator):
+        set_generator_state(generator, start["generator"])
+
+
+class _Watched(Iterator[Any]):
+    """A user sampler's iterator, noting when it has ended (a partial last batch ends it
+    before the batch is handed out)."""
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self._iterator = iterator
+        self.ended = False
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self.ended = True
+            raise
 
 
 @dataclass
@@ -104,6 +166,7 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         self._rebase_checked = False
         self.taken = position  # numbers handed out (or skipped) so far
         self._peeked: tuple[int, Any] | None = None
+        self._watched: _Watched | None = None
         self.kind, self._keys = self._open(tensor_batches, cursor, self._skip)
 
     # -- opening -------------------------------------------------------------------------------
@@ -116,14 +179,15 @@ class EpochKeys(Iterator[tuple[int, Any]]):
             return "stream", itertools.repeat(plan.batch_size)
         batch_sampler, sampler = plan.batch_sampler, plan.sampler
         start = cursor.start if cursor is not None and cursor.kind == "builtin" else None
-        if batch_sampler is None and is_builtin_sampler(sampler):
+        builtin = builtin_source(sampler, batch_sampler)
+        if builtin is not None and batch_sampler is None:
             self._run = SamplerRun(start, skip)
             self._builtin_sampler = sampler
             return "builtin", run_keys(sampler, self._run)
-        if is_builtin_batch_sampler(batch_sampler) and is_builtin_sampler(batch_sampler.sampler):
+        if builtin is not None:
             size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
             self._run = SamplerRun(start, skip * size)
-            self._builtin_sampler = batch_sampler.sampler
+            self._builtin_sampler = builtin
             if tensor_batches:
                 batches = index_batches(batch_sampler, self._run)
                 if batches is not None:
@@ -136,12 +200,12 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         snapshot = cursor.snapshot if cursor is not None and cursor.kind == "stateful" else None
         at = cursor.snapshot_at if snapshot is not None and cursor is not None else 0
         if wrapped and not skip and snapshot is None:
-            holder: list[Iterator[Any]] = []
             kind: KeysKind = "stateful" if stateful_part(batch_sampler.sampler) else "skip"
 
             def lazily() -> Iterator[Any]:
-                holder.append(self._open_user(True, None, 0, 0))
-                yield from holder[0]
+                keys = self._open_user(True, None, 0, 0)
+                self.kind = "stateful" if self._stateful is not None else "skip"
+                yield from keys
 
             return kind, lazily()
         keys = self._open_user(wrapped, snapshot, at, skip)
@@ -150,7 +214,7 @@ class EpochKeys(Iterator[tuple[int, Any]]):
     def _open_user(self, wrapped: bool, snapshot: Any, at: int, skip: int) -> Iterator[Any]:
         plan = self._plan
         batch_sampler = plan.batch_sampler
-        source = batch_sampler.sampler if wrapped else plan.index_sampler
+        source = user_source(plan.sampler, batch_sampler)
         if stateful_part(source):
             if snapshot is not None:
                 source.load_state_dict(snapshot)
@@ -164,8 +228,11 @@ class EpochKeys(Iterator[tuple[int, Any]]):
                 self._stateful = _Stateful(it)
             else:
                 at = 0
+        self._watched = _Watched(it)
         keys: Iterator[Any] = (
-            batched(it, batch_sampler.batch_size, batch_sampler.drop_last) if wrapped else it
+            batched(self._watched, batch_sampler.batch_size, batch_sampler.drop_last)
+            if wrapped
+            else self._watched
         )
         if self._stateful is not None:
             self._stateful.snapshots[at] = self._stateful.holder.state_dict()
@@ -203,6 +270,17 @@ class EpochKeys(Iterator[tuple[int, Any]]):
             return True
         return False
 
+    def ended_at(self, count: int) -> bool:
+        """Whether the user's sampler has ended and all ``count`` keys were handed out, so
+        the epoch is over even though its end was not reached yet (a partial last batch, or
+        keys drawn ahead)."""
+        return (
+            self._watched is not None
+            and self._watched.ended
+            and self._peeked is None
+            and count == self.taken
+        )
+
     def resumed_past_end(self) -> bool:
         """Whether a resumed epoch has no key left, so the next epoch should begin instead;
         never for a sampler whose epochs the user begins (``set_epoch``)."""
@@ -230,8 +308,9 @@ class EpochKeys(Iterator[tuple[int, Any]]):
                 start = pending_start(self._builtin_sampler)
             return KeysCursor("builtin", start, base=self.base)
         if self.kind == "stateful":
-            if self._stateful is None:  # opened lazily and not yet: resume from a fresh start
-                return KeysCursor("stateful")
+            if self._stateful is None:  # opened lazily and not yet: its state as it stands
+                plan = self._plan
+                return between_epochs(plan.sampler, plan.batch_sampler)
             snapshots = self._stateful.snapshots
             at = max(n for n in snapshots if n <= count)
             for old in [n for n in snapshots if n < at]:

@@ -54,6 +54,8 @@ def fit_workers(cursor: Cursor, num_workers: int, dataset: Any, iterable: bool) 
         )
     merged: dict[str, Any] = {}
     for worker_id, worker in enumerate(cursor.workers):
+        if worker == WorkerCursor(rng=worker.rng):
+            continue  # it handed out nothing: its shards start from their beginning
         states = worker.snapshot.stream
         if worker.items != worker.snapshot.items or not isinstance(states, dict):
             raise ValueError(
