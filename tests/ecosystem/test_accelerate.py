@@ -298,7 +298,11 @@ def test_install_uninstall_restore_accelerate() -> None:
     ferry.accelerate.install()  # idempotent
     assert ferry.accelerate.is_installed()
     assert acc_dl.DataLoader is ferry.DataLoader
-    assert list(acc_dl._PYTORCH_DATALOADER_KWARGS.items()) == [*options, ("worker_type", "process")]
+    assert list(acc_dl._PYTORCH_DATALOADER_KWARGS.items()) == [
+        *options,
+        ("worker_type", "process"),
+        ("snapshot_every_n_steps", 1),
+    ]
     with ferry.accelerate.installed():  # nested: leaves the outer install in place
         pass
     assert acc_dl.DataLoader is ferry.DataLoader
@@ -326,7 +330,7 @@ def test_ferry_only_options_are_the_signature_difference() -> None:
     extra = set(inspect.signature(ferry.DataLoader).parameters) - torch_names
     with ferry.accelerate.installed():
         added = set(acc_dl._PYTORCH_DATALOADER_KWARGS) - set(torch_names)
-    assert added == extra == {"worker_type"}
+    assert added == extra == {"worker_type", "snapshot_every_n_steps"}
 
 
 def test_install_warns_on_an_unchecked_version(monkeypatch: pytest.MonkeyPatch) -> None:
