@@ -23,7 +23,7 @@ from typing import Any
 from ferry._engine.cursor import Snapshot, WorkerCursor
 from ferry._engine.fetch import IterableFetcher, MapFetcher
 from ferry._engine.keys import stateful_part
-from ferry._engine.rng import ProcessRng
+from ferry._engine.rng import ProcessRng, RngWatch
 
 __all__ = ["PositionKeeper", "WorkerReport"]
 
@@ -54,10 +54,9 @@ class PositionKeeper:
     def __init__(self, dataset: Any, snapshot_every: int, track_rng: bool) -> None:
         self._dataset = dataset
         self._every = max(1, snapshot_every)
-        self._track_rng = track_rng
         self._dataset_stateful = stateful_part(dataset)
         self._batches = 0
-        self._last_rng: ProcessRng | None = None
+        self._rng = RngWatch() if track_rng else None
 
     def open(
         self,
@@ -76,20 +75,18 @@ class PositionKeeper:
             if snapshot.stream is not None and stateful_part(fetcher.stream):
                 fetcher.stream.load_state_dict(snapshot.stream)  # type: ignore[attr-defined]
             fetcher.drop(resume.items - snapshot.items)
-        if resume is not None and resume.rng is not None and restore_rng and self._track_rng:
+        if resume is not None and resume.rng is not None and restore_rng and self._rng is not None:
             resume.rng.restore()
-        if self._track_rng:
-            self._last_rng = ProcessRng.capture()
+        if self._rng is not None:
+            self._rng.changed()  # the reference: what the next batch is compared with
         return fetcher
 
     def after_batch(self, fetcher: MapFetcher | IterableFetcher) -> WorkerReport:
         self._batches += 1
         items = fetcher.items if isinstance(fetcher, IterableFetcher) else 0
         rng: ProcessRng | None = None
-        if self._track_rng:
-            now = ProcessRng.capture()
-            if now != self._last_rng:
-                rng = self._last_rng = now
+        if self._rng is not None:
+            rng = self._rng.changed()
         snapshot: Snapshot | None = None
         if self._batches % self._every == 0:
             stream = fetcher.stream if isinstance(fetcher, IterableFetcher) else None

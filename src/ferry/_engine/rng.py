@@ -24,6 +24,7 @@ import torch
 
 __all__ = [
     "ProcessRng",
+    "RngWatch",
     "decode_bytes",
     "encode_bytes",
     "generator_from_state",
@@ -127,6 +128,68 @@ class ProcessRng:
             int(plain["numpy_pos"]),
             plain["numpy_gauss"],
         )
+
+
+class RngWatch:
+    """Notices when a process's global generators moved, cheaply, and captures them then.
+
+    A full capture costs tens of microseconds, most of it numpy's ``get_state``; a batch that
+    drew nothing should not pay it. So each batch compares raw views first: torch's state
+    bytes, ``random``'s state tuple, and the bytes of numpy's Mersenne Twister (read in place,
+    under a microsecond). numpy's legacy generator also caches a second gaussian, which a draw
+    can use up without moving the twister; the cache only ever empties that way, so while it is
+    full every batch captures in full.
+    """
+
+    def __init__(self) -> None:
+        self._last: ProcessRng | None = None
+        self._raw: tuple[bytes, Any, bytes | None] | None = None
+        self._numpy_view = _numpy_twister_view()
+
+    def changed(self) -> ProcessRng | None:
+        """The generators now, if they moved since the last call (or on the first); else None."""
+        raw = (
+            bytes(torch.get_rng_state().numpy().tobytes()),
+            random.getstate(),
+            self._numpy_view() if self._numpy_view is not None else None,
+        )
+        last = self._last
+        if (
+            last is not None
+            and raw == self._raw
+            and raw[2] is not None
+            and last.numpy_gauss is None
+        ):
+            return None
+        self._raw = raw
+        now = ProcessRng.capture()
+        if now == last:
+            return None
+        self._last = now
+        return now
+
+
+def _numpy_twister_view() -> Any:
+    """A function returning the bytes of numpy's global Mersenne Twister (624 words and the
+    position), read in place; None where that cannot be done."""
+    np = _numpy()
+    if np is None:
+        return None
+    try:
+        import ctypes
+
+        generator = np.random.mtrand._rand._bit_generator
+        if type(generator).__name__ != "MT19937":
+            return None
+        address = generator.ctypes.state_address
+    except (AttributeError, ImportError, TypeError):
+        return None
+    size = 624 * 4 + 4
+
+    def view() -> bytes:
+        return ctypes.string_at(address, size)
+
+    return view
 
 
 def _numpy() -> Any:
