@@ -11,7 +11,7 @@ each field and why each edge case resumes exactly.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -86,23 +86,6 @@ class Cursor:
     def zero(cls) -> Cursor:
         """A fresh loader's position: nothing to restore, everything drawn anew."""
         return cls()
-
-    def delivered(self, number: int, worker_id: int, worker: WorkerCursor | None) -> Cursor:
-        """This cursor after the user received batch ``number`` (made by ``worker_id``)."""
-        ahead = self.ahead
-        position = self.position
-        if number == position:
-            position += 1
-            while position in ahead:
-                position += 1
-            ahead = frozenset(n for n in ahead if n >= position) if ahead else ahead
-        else:
-            ahead = ahead | {number}
-        workers = self.workers
-        if worker is not None and worker_id < len(workers):
-            workers = (*workers[:worker_id], worker, *workers[worker_id + 1 :])
-        turn = (worker_id + 1) % self.num_workers if self.num_workers else 0
-        return replace(self, position=position, ahead=ahead, turn=turn, workers=workers)
 
 
 @dataclass(frozen=True)

@@ -55,12 +55,50 @@ class EpochTrack:
     """
 
     def __init__(self, plan: EpochPlan, keys: EpochKeys, cursor: Cursor) -> None:
+        self.renew(plan, keys, cursor)
+
+    def renew(self, plan: EpochPlan, keys: EpochKeys, cursor: Cursor) -> None:
+        """Start tracking the epoch ``cursor`` opens."""
         self.plan = plan
         self.keys = keys
-        self.cursor = cursor  # as of the last batch handed out (its keys part: see below)
+        # The cursor's fixed part, and its moving parts kept as plain mutable fields: the
+        # position moves once per batch, and this is on every batch's path.
+        self._fixed = cursor
+        self.position_ = cursor.position
+        self.ahead: set[int] = set(cursor.ahead)
+        self.turn = cursor.turn
+        self.workers = list(cursor.workers)
         self.loaded: Cursor | None = None  # the cursor this epoch was resumed from
         self.yielded = 0  # batches handed out by this iterator in this epoch
         self.finished = False  # StopIteration was raised
+
+    def delivered(self, number: int, worker_id: int, worker: WorkerCursor | None) -> None:
+        """The user now has batch ``number`` (made by ``worker_id``, which then stood at
+        ``worker``): the one place the position moves."""
+        ahead = self.ahead
+        if number == self.position_:
+            number += 1
+            while number in ahead:
+                ahead.discard(number)
+                number += 1
+            self.position_ = number
+        else:
+            ahead.add(number)
+        if worker is not None:
+            self.workers[worker_id] = worker
+        count = self._fixed.num_workers
+        self.turn = (worker_id + 1) % count if count else 0
+
+    @property
+    def cursor(self) -> Cursor:
+        """The position after the last batch handed out (its keys part: see :meth:`position`)."""
+        return replace(
+            self._fixed,
+            position=self.position_,
+            ahead=frozenset(self.ahead),
+            turn=self.turn,
+            workers=tuple(self.workers),
+        )
 
     def position(self) -> Cursor:
         """The position after the last batch handed to the user (see :mod:`.cursor`)."""
@@ -68,7 +106,7 @@ class EpochTrack:
             return self.loaded  # nothing handed out since the load: the state loaded
         plan = self.plan
         cursor = self.cursor
-        if self.finished or (not cursor.ahead and self.keys.ended_at(cursor.position)):
+        if self.finished or (not self.ahead and self.keys.ended_at(self.position_)):
             generator = plan.generator if isinstance(plan.generator, torch.Generator) else None
             return replace(
                 next_epoch_start(cursor, plan.persistent_workers),
@@ -163,9 +201,7 @@ class LoaderIterator:
         if getattr(self, "_track", None) is None:
             self._track = EpochTrack(plan, keys, cursor)
         else:  # the loader holds this track: renew it in place
-            track = self._track
-            track.plan, track.keys, track.cursor = plan, keys, cursor
-            track.loaded, track.yielded, track.finished = None, 0, False
+            self._track.renew(plan, keys, cursor)
 
     def _resumed_workers(self, start: Cursor) -> tuple[WorkerCursor, ...]:
         """Each worker's position as the epoch opens; what of ``start`` cannot apply to this
@@ -180,7 +216,7 @@ class LoaderIterator:
 
     def worker_resume(self, worker_id: int) -> WorkerCursor | None:
         """Where worker ``worker_id`` starts: None for a fresh start."""
-        worker = self._track.cursor.workers[worker_id]
+        worker = self._track.workers[worker_id]
         return None if worker == WorkerCursor() else worker
 
     # -- iteration -----------------------------------------------------------------------------
@@ -202,7 +238,7 @@ class LoaderIterator:
                 raise
             batch, number, worker_id, worker = self._next_batch()
         # The one place the position moves: the batch is now the user's.
-        track.cursor = track.cursor.delivered(number, worker_id, worker)
+        track.delivered(number, worker_id, worker)
         track.yielded += 1
         # Only a len() asked before the epoch began counts (list(loader) asks one after).
         reported = self._plan.reported_length
@@ -289,5 +325,8 @@ class InlineIterator(LoaderIterator):
         number, key = next(self._track.keys)
         with using_allocator(self._allocator):
             batch = self._fetcher.fetch(key)
-        report = self._keeper.after_batch(self._fetcher)
-        return Delivery(batch, number, 0, report.resolve(self._track.cursor.workers[0]))
+        keeper = self._keeper
+        if not keeper.reports:
+            return Delivery(batch, number, 0, None)
+        report = keeper.after_batch(self._fetcher)
+        return Delivery(batch, number, 0, report.resolve(self._track.workers[0]))

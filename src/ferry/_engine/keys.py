@@ -248,17 +248,19 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         if self._peeked is not None:
             pair, self._peeked = self._peeked, None
             return pair
-        while True:
-            key = next(self._keys)
-            number = self.taken
-            self.taken += 1
-            if not self._rebase_checked:
-                self._check_rebase()
-            stateful = self._stateful
-            if stateful is not None and self.taken % self._every == 0:
-                stateful.snapshots[self.taken] = stateful.holder.state_dict()
-            if number not in self._exclude:
-                return number, key
+        key = next(self._keys)
+        number = self.taken
+        self.taken = number + 1
+        if self._stateful is None and not self._exclude and self._rebase_checked:
+            return number, key  # the common case, on every batch's path
+        if not self._rebase_checked:
+            self._check_rebase()
+        stateful = self._stateful
+        if stateful is not None and self.taken % self._every == 0:
+            stateful.snapshots[self.taken] = stateful.holder.state_dict()
+        if number not in self._exclude:
+            return number, key
+        return next(self)
 
     def exhausted(self) -> bool:
         """Whether no key is left (draws the next one ahead, kept for the next ``next``)."""

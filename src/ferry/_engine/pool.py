@@ -125,12 +125,12 @@ class WorkerIterator(LoaderIterator):
         self._first_task = self._next_task
         # Global task number of the epoch's key number 0 (tasks are numbered across epochs,
         # so results of an abandoned epoch are told apart).
-        self._epoch_base = self._next_task - self._track.cursor.position
+        self._epoch_base = self._next_task - self._track.position_
         self._next_yield = self._first_task
         self._in_flight = [0] * self._num_workers
         self._active = [True] * self._num_workers
-        self._turn = self._track.cursor.turn
-        self._latest = list(self._track.cursor.workers)
+        self._turn = self._track.turn
+        self._latest = list(self._track.workers)
         for _ in range(self._prefetch * self._num_workers):
             self._dispatch()
 

@@ -24,6 +24,7 @@ from ferry._engine.cursor import Snapshot, WorkerCursor
 from ferry._engine.fetch import IterableFetcher, MapFetcher
 from ferry._engine.keys import stateful_part
 from ferry._engine.rng import ProcessRng, RngWatch
+from ferry.datasets import is_iterable_style
 
 __all__ = ["PositionKeeper", "WorkerReport"]
 
@@ -55,6 +56,9 @@ class PositionKeeper:
         self._dataset = dataset
         self._every = max(1, snapshot_every)
         self._dataset_stateful = stateful_part(dataset)
+        # Whether a batch can change anything worth reporting (else the caller may skip
+        # after_batch): a stream's count, a generator, or a user state.
+        self.reports = track_rng or self._dataset_stateful or is_iterable_style(dataset)
         self._batches = 0
         self._rng = RngWatch() if track_rng else None
 

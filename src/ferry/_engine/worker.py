@@ -162,7 +162,7 @@ def run_worker_loop(
         try:
             with using_allocator(allocator):
                 batch = fetcher.fetch(IndexTensor.unpack(message.key))
-            report = keeper.after_batch(fetcher)
+            report = keeper.after_batch(fetcher) if keeper.reports else None
             if slabs is None:
                 send(Done(message.task, batch, report=report))
                 continue
