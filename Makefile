@@ -12,8 +12,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check src tests examples
-	$(PY) -m ruff format --check src tests examples
+	$(PY) -m ruff check src tests examples scripts
+	$(PY) -m ruff format --check src tests examples scripts
 
 typecheck: $(VENV)/.installed
 	$(PY) -m mypy

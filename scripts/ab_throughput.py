@@ -1,0 +1,65 @@
+"""A/B the steady-state throughput of two ferry source trees, alternating runs.
+
+Used to check that a change costs nothing measurable on the per-batch path (for example the
+resume state tracking). Each round runs one fresh interpreter per tree and engine, in turn, so
+drift of the machine hits both alike; the median over rounds is printed.
+
+    git worktree add /tmp/base <commit>
+    .venv/bin/python scripts/ab_throughput.py /tmp/base/src src --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+_RUN = """
+import statistics, sys, time, torch, ferry
+workers = int(sys.argv[1])
+ds = ferry.TensorDataset(torch.randn(256 * 2000, 32), torch.randint(0, 10, (256 * 2000,)))
+rates = []
+for rep in range(4):
+    loader = ferry.DataLoader(ds, batch_size=256, shuffle=True, num_workers=workers,
+                              generator=torch.Generator().manual_seed(0))
+    it = iter(loader)
+    next(it)
+    start, count = time.perf_counter(), 0
+    for _ in it:
+        count += 1
+    rates.append(count / (time.perf_counter() - start))
+print(statistics.median(rates[1:]))
+"""
+
+
+def rate(src: str, workers: int) -> float:
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN, str(workers)], env=env, check=True, capture_output=True
+    )
+    return float(out.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("baseline", help="src directory of the baseline tree")
+    parser.add_argument("candidate", help="src directory of the candidate tree")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    for workers in (0, 2):
+        runs: dict[str, list[float]] = {"baseline": [], "candidate": []}
+        for _ in range(args.rounds):
+            runs["baseline"].append(rate(args.baseline, workers))
+            runs["candidate"].append(rate(args.candidate, workers))
+        base, cand = (statistics.median(runs[k]) for k in ("baseline", "candidate"))
+        print(
+            f"TensorDataset, batch 256, num_workers={workers}: baseline {base:,.0f} b/s, "
+            f"candidate {cand:,.0f} b/s, candidate/baseline {cand / base:.3f} "
+            f"(median of {args.rounds} alternating rounds)"
+        )
+
+
+if __name__ == "__main__":
+    main()
