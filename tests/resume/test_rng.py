@@ -56,3 +56,19 @@ def test_restore_puts_every_generator_back() -> None:
     assert (torch.rand(3).tolist(), random.random(), np.random.normal(), np.random.rand()) == (
         expected
     )
+
+
+def test_python_gaussian_cache_used_up_without_moving_the_twister_is_noticed() -> None:
+    """random.gauss() caches its second value the same way (in ``gauss_next``)."""
+    random.seed(0)
+    watch = RngWatch()
+    watch.changed()
+    random.gauss()
+    assert watch.changed() is not None
+    random.gauss()  # uses the cache; the twister does not move
+    after = watch.changed()
+    assert after is not None
+    assert after.random_gauss is None
+    expected = random.gauss()
+    after.restore()
+    assert random.gauss() == expected

@@ -326,7 +326,7 @@ class InlineIterator(LoaderIterator):
         with using_allocator(self._allocator):
             batch = self._fetcher.fetch(key)
         keeper = self._keeper
-        if not keeper.reports:
+        report = keeper.after_batch(self._fetcher) if keeper.reports else None
+        if report is None:
             return Delivery(batch, number, 0, None)
-        report = keeper.after_batch(self._fetcher)
         return Delivery(batch, number, 0, report.resolve(self._track.workers[0]))

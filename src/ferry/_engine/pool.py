@@ -283,9 +283,8 @@ class WorkerIterator(LoaderIterator):
                 task = self._tasks[number]
                 task.arrived = True
                 if report is not None:
-                    task.position = self._latest[worker_id] = report.resolve(
-                        self._latest[worker_id]
-                    )
+                    self._latest[worker_id] = report.resolve(self._latest[worker_id])
+                task.position = self._latest[worker_id]
                 task.result = self._channel.batch(worker_id, message)
             case _:
                 assert_never(message)

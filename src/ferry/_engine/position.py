@@ -85,7 +85,9 @@ class PositionKeeper:
             self._rng.changed()  # the reference: what the next batch is compared with
         return fetcher
 
-    def after_batch(self, fetcher: MapFetcher | IterableFetcher) -> WorkerReport:
+    def after_batch(self, fetcher: MapFetcher | IterableFetcher) -> WorkerReport | None:
+        """What the batch just made changed in the position; None when nothing did (a
+        map-style dataset whose worker drew nothing: the common case, kept off the wire)."""
         self._batches += 1
         items = fetcher.items if isinstance(fetcher, IterableFetcher) else 0
         rng: ProcessRng | None = None
@@ -101,4 +103,6 @@ class PositionKeeper:
                     self._dataset.state_dict() if self._dataset_stateful else None,
                     stream.state_dict() if stream_stateful else None,  # type: ignore[union-attr]
                 )
+        if rng is None and snapshot is None and not isinstance(fetcher, IterableFetcher):
+            return None
         return WorkerReport(items, rng, snapshot)

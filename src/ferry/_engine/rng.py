@@ -143,21 +143,23 @@ class RngWatch:
 
     def __init__(self) -> None:
         self._last: ProcessRng | None = None
-        self._raw: tuple[bytes, Any, bytes | None] | None = None
+        self._raw: tuple[bytes, Any, Any, bytes | None] | None = None
         self._numpy_view = _numpy_twister_view()
+        self._random_view = _random_twister_view()
 
     def changed(self) -> ProcessRng | None:
         """The generators now, if they moved since the last call (or on the first); else None."""
         raw = (
             bytes(torch.get_rng_state().numpy().tobytes()),
-            random.getstate(),
+            self._random_view() if self._random_view is not None else random.getstate(),
+            random._inst.gauss_next,  # type: ignore[attr-defined]
             self._numpy_view() if self._numpy_view is not None else None,
         )
         last = self._last
         if (
             last is not None
             and raw == self._raw
-            and raw[2] is not None
+            and raw[3] is not None
             and last.numpy_gauss is None
         ):
             return None
@@ -167,6 +169,33 @@ class RngWatch:
             return None
         self._last = now
         return now
+
+
+def _random_twister_view() -> Any:
+    """A function returning the bytes of Python's global ``random`` generator (its position and
+    624 words), read in place from the C object (CPython's layout: the object header, an
+    ``int`` index, the words); None unless a check against ``random.getstate()`` confirms the
+    layout, so another interpreter falls back to ``getstate()``."""
+    import ctypes
+    import sys
+
+    instance = getattr(random, "_inst", None)
+    if instance is None or sys.implementation.name != "cpython":
+        return None
+    offset, size = object.__basicsize__, 4 + 624 * 4
+
+    def view() -> bytes:
+        return ctypes.string_at(id(instance) + offset, size)
+
+    try:
+        data = view()
+        words = random.getstate()[1]
+        index = int.from_bytes(data[:4], sys.byteorder)
+        if index != words[-1] or array.array("I", data[4:]).tolist() != list(words[:624]):
+            return None
+    except Exception:
+        return None
+    return view
 
 
 def _numpy_twister_view() -> Any:
