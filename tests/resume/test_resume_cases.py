@@ -501,18 +501,27 @@ def stream_epochs(loader: Loader, count: int) -> list[list[list[int]]]:
     return [[batch.tolist() for batch in loader] for _ in range(count)]
 
 
+def interrupted_stream(
+    make: Callable[[], Loader], batches: int
+) -> tuple[list[list[list[int]]], list[list[int]], dict[str, Any]]:
+    """Two uninterrupted epochs of ``make()``, and a run of it stopped after ``batches``: the
+    batches it delivered and its state (after a JSON round trip)."""
+    reference = stream_epochs(make(), 2)
+    loader = make()
+    iterator = iter(loader)
+    delivered = [next(iterator).tolist() for _ in range(batches)]
+    state = round_trip(loader.state_dict())
+    del iterator
+    return reference, delivered, state
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateless_stream_resumes_by_dropping_and_warns_once(workers: int) -> None:
     def make() -> Loader:
         return ferry.DataLoader(rd.Stream(14), batch_size=3, **thread_options(workers))
 
-    reference = stream_epochs(make(), 2)
-    loader = make()
-    iterator = iter(loader)
-    delivered = [next(iterator).tolist() for _ in range(2)]
-    state = round_trip(loader.state_dict())
-    del iterator
+    reference, delivered, state = interrupted_stream(make, 2)
 
     fresh = make()
     with pytest.warns(UserWarning, match=r"dropping the 6 samples") as record:
@@ -534,12 +543,7 @@ def test_stream_with_stateful_iterator_resumes_without_replay(workers: int) -> N
     def make() -> Loader:
         return ferry.DataLoader(rd.StatefulStream(14), batch_size=3, **thread_options(workers))
 
-    reference = stream_epochs(make(), 2)
-    loader = make()
-    iterator = iter(loader)
-    delivered = [next(iterator).tolist() for _ in range(2)]
-    state = round_trip(loader.state_dict())
-    del iterator
+    reference, delivered, state = interrupted_stream(make, 2)
     delivered_items = {v for batch in delivered for v in batch}
 
     fresh = make()
