@@ -15,13 +15,16 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from ferry._engine.alloc import BufferPool
-from ferry._engine.cursor import Cursor, LoaderIdentity, from_plain, to_plain
-from ferry._engine.iterator import EpochTrack, InlineIterator, LoaderIterator
-from ferry._engine.keys import between_epochs
+from ferry._engine.cursor import Cursor, from_plain, to_plain
+from ferry._engine.iterator import (
+    EpochTrack,
+    InlineIterator,
+    LoaderIterator,
+    between_epochs_cursor,
+)
 from ferry._engine.pin import accelerator_available
 from ferry._engine.plan import EpochPlan
-from ferry._engine.resume import fit_workers
-from ferry._engine.rng import generator_state
+from ferry._engine.resume import fit_workers, identity_of, warn_replay
 from ferry._torch_types import TorchDataLoader
 from ferry._validate import as_int
 from ferry.collate import default_collate, default_convert
@@ -325,13 +328,18 @@ class DataLoader(TorchDataLoader[T_co]):
         if self._pending is not None:
             return copy.deepcopy(self._pending[1])
         track = self._last_track
-        if track is None:
-            cursor = self._between_epochs()
+        if track is None:  # before the first epoch: the generators as they stand now
+            cursor = between_epochs_cursor(
+                Cursor(num_workers=self.num_workers),
+                self.generator,
+                self.sampler,
+                self.batch_sampler,
+            )
         else:
             cursor = track.position()
             if self._last_loaded is not None and cursor is self._last_loaded[0]:
                 return copy.deepcopy(self._last_loaded[1])
-        return to_plain(cursor, self._identity())
+        return to_plain(cursor, identity_of(self))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Make the next iterator start where ``state_dict`` (from :meth:`state_dict`) was taken.
@@ -341,54 +349,13 @@ class DataLoader(TorchDataLoader[T_co]):
         world size. Raises ValueError when the state does not fit this loader (another dataset
         length, batch size, sampler kind, ...), naming what differs.
         """
-        cursor = from_plain(state_dict, self._identity())
+        cursor = from_plain(state_dict, identity_of(self))
         cursor = fit_workers(cursor, self.num_workers, self.dataset, self._iterable_style)
-        if self._iterable_style and cursor.started and not self._warned_replay:
-            dropped = sum(
-                w.items - w.snapshot.items for w in cursor.workers if w.snapshot.stream is None
-            )
-            if dropped:
-                self._warned_replay = True
-                warnings.warn(
-                    f"{type(self.dataset).__name__} gives no state for its stream (its iterator "
-                    "has no state_dict/load_state_dict), so the resumed loader fast-forwards by "
-                    f"reading and dropping the {dropped} samples already delivered this epoch. "
-                    "Give the iterator state_dict()/load_state_dict() to resume without reading "
-                    "them again.",
-                    UserWarning,
-                    stacklevel=2,
-                )
+        if not self._warned_replay:
+            self._warned_replay = warn_replay(cursor, self.dataset, self._iterable_style)
         self._pending = (cursor, copy.deepcopy(state_dict))
         if self._live_iterator is not None:
             self._replace_iterator(None)  # persistent workers: the next iter() starts there
-
-    def _identity(self) -> LoaderIdentity:
-        length: int | None = None
-        if not self._iterable_style:
-            try:
-                length = len(self.dataset)
-            except TypeError:
-                length = None
-        return LoaderIdentity(
-            iterable=self._iterable_style,
-            dataset_length=length,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            sampler=type(self.sampler).__qualname__,
-            batch_sampler=None
-            if self.batch_sampler is None
-            else type(self.batch_sampler).__qualname__,
-            num_workers=self.num_workers,
-        )
-
-    def _between_epochs(self) -> Cursor:
-        """A loader's position before its first epoch: the generators as they stand now."""
-        generator = self.generator if isinstance(self.generator, torch.Generator) else None
-        return Cursor(
-            generator=generator_state(generator) if generator is not None else None,
-            keys=between_epochs(self.sampler, self.batch_sampler),
-            num_workers=self.num_workers,
-        )
 
     @property  # type: ignore[override]
     def _iterator(self) -> LoaderIterator | None:

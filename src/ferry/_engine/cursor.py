@@ -10,7 +10,6 @@ each field and why each edge case resumes exactly.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -256,11 +255,3 @@ def _check_identity(saved: dict[str, Any], identity: LoaderIdentity) -> None:
             "data or options (" + "; ".join(differences) + "). Build the loader as it was "
             "when the state was saved."
         )
-
-
-def is_plain(value: Any) -> bool:
-    """Whether ``value`` survives ``json.dumps``/``json.loads`` unchanged (used in tests)."""
-    try:
-        return bool(json.loads(json.dumps(value)) == value)
-    except (TypeError, ValueError):
-        return False

@@ -33,7 +33,14 @@ from ferry._engine.plan import EpochPlan
 from ferry._engine.position import PositionKeeper
 from ferry._engine.rng import generator_state, set_generator_state
 
-__all__ = ["Delivery", "EpochTrack", "InlineIterator", "LoaderIterator", "next_epoch_start"]
+__all__ = [
+    "Delivery",
+    "EpochTrack",
+    "InlineIterator",
+    "LoaderIterator",
+    "between_epochs_cursor",
+    "next_epoch_start",
+]
 
 
 class Delivery(NamedTuple):
@@ -107,13 +114,26 @@ class EpochTrack:
         plan = self.plan
         cursor = self.cursor
         if self.finished or (not self.ahead and self.keys.ended_at(self.position_)):
-            generator = plan.generator if isinstance(plan.generator, torch.Generator) else None
-            return replace(
+            return between_epochs_cursor(
                 next_epoch_start(cursor, plan.persistent_workers),
-                generator=generator_state(generator) if generator is not None else None,
-                keys=between_epochs(plan.sampler, plan.batch_sampler),
+                plan.generator,
+                plan.sampler,
+                plan.batch_sampler,
             )
         return replace(cursor, keys=self.keys.cursor_at(cursor.position))
+
+
+def between_epochs_cursor(
+    after: Cursor, generator: Any, sampler: Any, batch_sampler: Any
+) -> Cursor:
+    """``after`` (a cursor that starts no epoch) with the generators as they stand now: the
+    loader's and the sampler's, restored before the next epoch draws from them."""
+    generator = generator if isinstance(generator, torch.Generator) else None
+    return replace(
+        after,
+        generator=generator_state(generator) if generator is not None else None,
+        keys=between_epochs(sampler, batch_sampler),
+    )
 
 
 def next_epoch_start(finished: Cursor, persistent: bool) -> Cursor:

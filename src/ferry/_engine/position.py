@@ -61,12 +61,12 @@ class PositionKeeper:
         self.reports = track_rng or self._dataset_stateful or is_iterable_style(dataset)
         self._batches = 0
         self._rng = RngWatch() if track_rng else None
+        self._stream_stateful = False  # decided when a stream opens
 
     def open(
         self,
         make: Callable[[], MapFetcher | IterableFetcher],
         resume: WorkerCursor | None,
-        restore_rng: bool = True,
     ) -> MapFetcher | IterableFetcher:
         """A fetcher made by ``make()``, at ``resume`` (or fresh, with None)."""
         self._batches = 0
@@ -74,12 +74,15 @@ class PositionKeeper:
         if snapshot.dataset is not None and self._dataset_stateful:
             self._dataset.load_state_dict(snapshot.dataset)
         fetcher = make()
+        self._stream_stateful = isinstance(fetcher, IterableFetcher) and stateful_part(
+            fetcher.stream
+        )
         if isinstance(fetcher, IterableFetcher) and resume is not None:
             fetcher.items = snapshot.items
-            if snapshot.stream is not None and stateful_part(fetcher.stream):
+            if snapshot.stream is not None and self._stream_stateful:
                 fetcher.stream.load_state_dict(snapshot.stream)  # type: ignore[attr-defined]
             fetcher.drop(resume.items - snapshot.items)
-        if resume is not None and resume.rng is not None and restore_rng and self._rng is not None:
+        if resume is not None and resume.rng is not None and self._rng is not None:
             resume.rng.restore()
         if self._rng is not None:
             self._rng.changed()  # the reference: what the next batch is compared with
@@ -94,15 +97,13 @@ class PositionKeeper:
         if self._rng is not None:
             rng = self._rng.changed()
         snapshot: Snapshot | None = None
-        if self._batches % self._every == 0:
+        if self._batches % self._every == 0 and (self._dataset_stateful or self._stream_stateful):
             stream = fetcher.stream if isinstance(fetcher, IterableFetcher) else None
-            stream_stateful = stream is not None and stateful_part(stream)
-            if self._dataset_stateful or stream_stateful:
-                snapshot = Snapshot(
-                    items,
-                    self._dataset.state_dict() if self._dataset_stateful else None,
-                    stream.state_dict() if stream_stateful else None,  # type: ignore[union-attr]
-                )
+            snapshot = Snapshot(
+                items,
+                self._dataset.state_dict() if self._dataset_stateful else None,
+                stream.state_dict() if self._stream_stateful else None,  # type: ignore[union-attr]
+            )
         if rng is None and snapshot is None and not isinstance(fetcher, IterableFetcher):
             return None
         return WorkerReport(items, rng, snapshot)

@@ -1,4 +1,10 @@
-"""Fitting a loaded state to a loader with another number of workers.
+"""Loading a state into a loader: what it must agree with, and fitting it to the loader.
+
+:func:`identity_of` is what a state is checked against (see
+:func:`ferry._engine.cursor.from_plain`); :func:`warn_replay` says once that a stream without
+state will be fast-forwarded by reading.
+
+Fitting a loaded state to a loader with another number of workers:
 
 A map-style dataset has no per-worker position (the keys come from the main process), so a
 state resumes with any ``num_workers``: the workers of the new loader start seeded from the
@@ -15,12 +21,52 @@ out its own). The states of all old workers are merged and handed to every new w
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import Any
 
-from ferry._engine.cursor import Cursor, Snapshot, WorkerCursor
+from ferry._engine.cursor import Cursor, LoaderIdentity, Snapshot, WorkerCursor
 
-__all__ = ["fit_workers"]
+__all__ = ["fit_workers", "identity_of", "warn_replay"]
+
+
+def identity_of(loader: Any) -> LoaderIdentity:
+    """What a state taken from ``loader`` (a :class:`ferry.DataLoader`) describes it by."""
+    length: int | None = None
+    if not loader._iterable_style:
+        try:
+            length = len(loader.dataset)
+        except TypeError:
+            length = None
+    batch_sampler = loader.batch_sampler
+    return LoaderIdentity(
+        iterable=loader._iterable_style,
+        dataset_length=length,
+        batch_size=loader.batch_size,
+        drop_last=loader.drop_last,
+        sampler=type(loader.sampler).__qualname__,
+        batch_sampler=None if batch_sampler is None else type(batch_sampler).__qualname__,
+        num_workers=loader.num_workers,
+    )
+
+
+def warn_replay(cursor: Cursor, dataset: Any, iterable: bool) -> bool:
+    """Warn if resuming at ``cursor`` reads and drops samples of a stream that has no state;
+    whether it warned."""
+    if not (iterable and cursor.started):
+        return False
+    dropped = sum(w.items - w.snapshot.items for w in cursor.workers if w.snapshot.stream is None)
+    if not dropped:
+        return False
+    warnings.warn(
+        f"{type(dataset).__name__} gives no state for its stream (its iterator has no "
+        "state_dict/load_state_dict), so the resumed loader fast-forwards by reading and "
+        f"dropping the {dropped} samples already delivered this epoch. Give the iterator "
+        "state_dict()/load_state_dict() to resume without reading them again.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return True
 
 
 def fit_workers(cursor: Cursor, num_workers: int, dataset: Any, iterable: bool) -> Cursor:
