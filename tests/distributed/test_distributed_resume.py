@@ -32,25 +32,13 @@ import pytest
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 import ferry
+from distributed._resume_rank_main import Indices
 from ranks import PYTHON, run_ranks
 
 SEED = 5
 EPOCH = 2  # the epoch saved mid-way: not 0, so a resume that forgets it shows
 LENGTHS = (6, 16, 24, 19, 26, 29)  # divisible by 2 and 4, by 2 only, by neither
 RESIZES = {2: (4, 3), 4: (2, 1)}
-
-
-class Indices:
-    """A map-style dataset whose sample ``i`` is ``i``."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
 
 
 class Opts(NamedTuple):

@@ -228,11 +228,9 @@ def _check_generator_states(cursor: Cursor) -> None:
             if not isinstance(state, str):
                 raise TypeError(f"a generator state must be a string, got {type(state).__name__}")
             generator_from_state(state)
-    for worker in cursor.workers:
-        if worker.rng is not None and len(worker.rng.torch_state) != len(
-            torch.get_rng_state().numpy().tobytes()
-        ):
-            raise ValueError("a worker's torch generator state has the wrong size")
+    size = torch.get_rng_state().numel()
+    if any(w.rng is not None and len(w.rng.torch_state) != size for w in cursor.workers):
+        raise ValueError("a worker's torch generator state has the wrong size")
 
 
 def _check_identity(saved: dict[str, Any], identity: LoaderIdentity) -> None:
