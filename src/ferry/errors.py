@@ -10,7 +10,12 @@ Example::
     ...     next(iter(DataLoader(BrokenDataset(), num_workers=2)))
     ... except KeyError as exc:
     ...     print(exc.__notes__[0])
-    raised in DataLoader worker 0 (pid 4242) while fetching indices [0]
+    Caught KeyError in DataLoader worker process 0 (pid 4242) while fetching indices [0]
+
+The note starts with torch's words, which torch puts in the message itself (torch raises a new
+exception of the same type whose message is that line and the traceback, losing the original's
+arguments and attributes). ferry keeps the original object, so ``pytest.raises(match=...)``,
+which also searches notes, matches torch's phrase, and ``str(exc)`` is the user's own message.
 """
 
 from __future__ import annotations
@@ -78,7 +83,8 @@ class WorkerDied(RuntimeError):
         else:
             how = f"exited with code {exitcode}"
         super().__init__(
-            f"DataLoader worker {worker_id} (pid {pid}) {how} while fetching {in_flight}"
+            f"DataLoader worker (pid(s) {pid}) exited unexpectedly: worker {worker_id} "
+            f"(pid {pid}) {how} while fetching {in_flight}"
         )
 
     def __reduce__(self) -> Any:

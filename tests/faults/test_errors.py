@@ -33,7 +33,7 @@ def assert_explained(
     exc: BaseException, *, worker: int, pid: int, what: str, traceback: tuple[str, ...]
 ) -> None:
     text = notes(exc)
-    assert f"worker {worker} (pid {pid})" in text, text
+    assert f"worker process {worker} (pid {pid})" in text, text
     assert what in text, text
     assert "worker traceback:" in text, text
     for line in traceback:
@@ -166,13 +166,13 @@ def test_iter_error(kind: Kind) -> None:
     iterator = iter(loader)
     with pytest.raises(ds.Boom, match="boom in __iter__") as caught:
         next(iterator)
-    # Both workers' streams fail as they open: whichever tells first is reported.
-    worker = 0 if "worker 0 " in caught.value.__notes__[0] else 1
+    # Both workers' streams fail as they open; as in torch, the error is raised at the first
+    # batch of a failed worker: worker 0's.
     assert_explained(
         caught.value,
-        worker=worker,
-        pid=pid_of(kind, iterator, worker),
-        what="raised in DataLoader worker",
+        worker=0,
+        pid=pid_of(kind, iterator, 0),
+        what="Caught Boom in DataLoader worker process",
         traceback=("in __iter__", 'raise Boom("boom in __iter__")'),
     )
     # There is no worker_init_fn: the error must not be put on it.
@@ -226,7 +226,7 @@ def test_worker_init_fn_error(kind: Kind) -> None:
         next(iterator)
     text = notes(caught.value)
     assert "worker_init_fn" in text
-    assert any(f"worker {w} (pid {pids[w]})" in text for w in (0, 1)), text
+    assert any(f"worker process {w} (pid {pids[w]})" in text for w in (0, 1)), text
     assert "in failing_init" in text
     # The loader cannot go on without that worker: the same error again, not a hang.
     with pytest.raises(ds.Boom):
@@ -307,10 +307,12 @@ def test_notes_are_printed_where_python_does_not_print_notes() -> None:
     from ferry.errors import WorkerTraceback, _add_note_by_hand
 
     exc = KeyError("no sample 13")
-    _add_note_by_hand(exc, "raised in DataLoader worker 1 (pid 42) while fetching indices [13]")
+    _add_note_by_hand(
+        exc, "Caught KeyError in DataLoader worker process 1 (pid 42) while fetching indices [13]"
+    )
     _add_note_by_hand(exc, "worker traceback:\nTraceback ...\nKeyError: 'no sample 13'")
-    assert exc.__notes__[0].startswith("raised in DataLoader worker 1")  # type: ignore[attr-defined]
+    assert exc.__notes__[0].startswith("Caught KeyError in DataLoader worker process 1")  # type: ignore[attr-defined]
     assert isinstance(exc.__cause__, WorkerTraceback)
     printed = "".join(traceback.format_exception(type(exc), exc, None))
-    assert "worker 1 (pid 42)" in printed
+    assert "worker process 1 (pid 42)" in printed
     assert "worker traceback:" in printed

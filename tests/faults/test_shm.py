@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ferry._engine import shm
@@ -26,7 +28,7 @@ def test_out_of_shared_memory_wording() -> None:
 def test_absurd_slab_fails_with_guidance(size: int) -> None:
     fds = open_fds()
     with pytest.raises(OSError, match=f"{size} bytes") as caught:
-        shm.Slab(0, size)
+        shm.Slab(0, size, os.getpid(), named=False)
     for words in GUIDANCE:
         assert words in str(caught.value), (words, str(caught.value))
     assert isinstance(caught.value.__cause__, OSError)
@@ -38,7 +40,7 @@ def test_absurd_slab_fails_with_guidance(size: int) -> None:
 def test_worker_allocator_reports_the_same_error() -> None:
     """A batch tensor too large for memory, asked of a worker's allocator, raises the same
     OSError (which then travels to the training loop like any error in collate)."""
-    allocator = shm.SlabAllocator()
+    allocator = shm.SlabAllocator(os.getpid())
     allocator.begin(())
     with pytest.raises(OSError, match="batch_size"):
         allocator.empty((1 << 40, 1 << 10), shm.torch.float32)

@@ -21,7 +21,6 @@ import queue
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import recv_handle
 from typing import Any
 
 from ferry._engine.group import WorkerGroup, WorkerHandle
@@ -113,7 +112,7 @@ class ProcessChannel(Channel):
         try:
             message = pickle.loads(worker.conn.recv_bytes())
             while isinstance(message, NewSlab):
-                worker.slabs.add(message.slab_id, message.size, recv_handle(worker.conn))
+                worker.slabs.receive(message, worker.conn, worker.worker_id)
                 message = pickle.loads(worker.conn.recv_bytes())
         except (EOFError, OSError):
             raise WorkerGone(worker) from None

@@ -18,14 +18,15 @@ import pickle
 import queue
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import recv_handle
 from typing import TYPE_CHECKING, Any, cast
 
 from ferry._engine.messages import NewSlab, Stop
 from ferry._engine.plan import EpochPlan
 from ferry._engine.shm import SlabMaps
+from ferry._engine.slabfile import recv_fd, remove_names
 from ferry._engine.worker import WorkerConfig, process_worker_main, thread_worker_main
 
 if TYPE_CHECKING:
@@ -53,6 +54,32 @@ class WorkerHandle:
     inbox: queue.SimpleQueue[Any] | None = None
     slabs: SlabMaps = field(default_factory=SlabMaps)
     pid: int | None = None
+    # Once the group is shut down, the process object is closed: how it ended is kept here.
+    ended: bool = False
+    exitcode: int | None = None
+
+    # Like torch's ``iter(loader)._workers`` entries (multiprocessing processes), which user
+    # code reads: ``pid``, ``exitcode``, ``is_alive()`` and ``join()`` answer also after the
+    # epoch ended and the workers were stopped. A thread worker's pid is the main process's.
+
+    @property
+    def name(self) -> str:
+        return f"ferry-worker-{self.worker_id}"
+
+    def is_alive(self) -> bool:
+        if self.thread is not None:
+            return self.thread.is_alive()
+        if self.ended or self.process is None or self.pid is None:
+            return False
+        return self.process.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.thread is not None:
+            if self.thread.ident is not None:
+                self.thread.join(timeout)
+        elif not self.ended and self.process is not None and self.pid is not None:
+            self.process.join(timeout)
+            self.exitcode = self.process.exitcode
 
     def send(self, message: Any) -> None:
         if self.conn is not None:
@@ -80,6 +107,8 @@ class WorkerGroup:
         # A forked child inherits this object (and the finalizer that calls shutdown); only the
         # process that started the workers may stop them.
         self.owner_pid = os.getpid()
+        # Whether the workers' slabs travel by name (see ferry._engine.slabfile).
+        self.named_slabs = False
 
     def shutdown(self) -> None:
         """Stop every worker within about two seconds, whatever state it is in."""
@@ -106,7 +135,11 @@ class WorkerGroup:
             if worker.process is not None and worker.pid is not None:
                 worker.process.join(0)
                 if not worker.process.is_alive():
-                    worker.process.close()
+                    worker.exitcode = worker.process.exitcode
+                    worker.ended = True
+                    worker.process.close()  # its sentinel's descriptor goes now
+                if self.named_slabs:  # names a worker made but the main process never opened
+                    remove_names(self.owner_pid, worker.pid)
             if worker.conn is not None:
                 worker.conn.close()
             worker.slabs.close()
@@ -130,8 +163,9 @@ class WorkerGroup:
                     continue
                 conn = cast(Connection, ready)
                 try:
-                    if isinstance(pickle.loads(conn.recv_bytes()), NewSlab):
-                        os.close(recv_handle(conn))
+                    message = pickle.loads(conn.recv_bytes())
+                    if isinstance(message, NewSlab) and message.name is None:
+                        os.close(recv_fd(conn))
                 except (EOFError, OSError):
                     conns.pop(conn, None)
 
@@ -151,6 +185,15 @@ def start_processes(group: WorkerGroup, configs: list[WorkerConfig], context: An
             process.start()
         except Exception as exc:
             child_end.close()
+            if isinstance(exc, (TypeError, AttributeError, pickle.PicklingError)):
+                warnings.warn(
+                    "Got pickle error when attempting to start a worker Process: the "
+                    f"{context.get_start_method()!r} start method pickles what each worker "
+                    "needs (dataset, collate_fn, worker_init_fn), and one of them cannot be "
+                    "pickled; the error that follows names it.",
+                    UserWarning,
+                    stacklevel=5,
+                )
             raise _explain_start_failure(exc, config, context) from exc
         child_end.close()
         worker.pid = process.pid
@@ -187,5 +230,7 @@ def start_threads(group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPl
             name=f"ferry-worker-{config.worker_id}",
             daemon=True,
         )
-        group.workers.append(WorkerHandle(config.worker_id, thread=thread, inbox=inbox))
+        group.workers.append(
+            WorkerHandle(config.worker_id, thread=thread, inbox=inbox, pid=os.getpid())
+        )
         thread.start()

@@ -11,7 +11,8 @@ main -> worker
 
 worker -> main
     :class:`Ready`     the worker ran its set-up (seeding, ``worker_init_fn``) and waits for tasks.
-    :class:`NewSlab`   a shared-memory slab follows on the same connection, as a file descriptor.
+    :class:`NewSlab`   a new shared-memory slab: found by ``name``, or (no name) its file
+                       descriptor follows on the same connection.
     :class:`Done`      batch ``task`` is ready; ``payload`` is the pickled batch whose tensors
                        refer to slabs by id (see :mod:`ferry._engine.shm`), or the batch object
                        itself for thread workers; ``report`` is the worker's position after it
@@ -90,6 +91,7 @@ class Ready:
 class NewSlab:
     slab_id: int
     size: int
+    name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import Delivery, LoaderIterator, next_epoch_start
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume
 from ferry._engine.plan import EpochPlan
+from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
 from ferry._engine.worker import WorkerConfig
 from ferry.distributed import _process_group_rank_world as process_group_rank_world
 from ferry.errors import WorkerDied, WorkerTimeout, add_note, describe_key, rebuild_exception
@@ -51,6 +52,7 @@ class _Task:
     result: Any = None
     arrived: bool = False
     error: BaseException | None = None
+    fatal: bool = False  # the error ends the iterator (its worker could not start)
     position: WorkerCursor | None = None  # the worker's, after this batch
 
 
@@ -78,6 +80,8 @@ class WorkerIterator(LoaderIterator):
     def _start_group(self) -> None:
         """Start the workers for the epoch just opened (each at its position), and begin it."""
         plan = self._plan
+        named = not self._threads and named_slabs()
+        self._group.named_slabs = named
         configs = [
             WorkerConfig(
                 worker_id=i,
@@ -94,6 +98,7 @@ class WorkerIterator(LoaderIterator):
                 resume=self.worker_resume(i),
                 snapshot_every=plan.snapshot_every,
                 track_rng=not self._threads,
+                named_slabs=named,
             )
             for i in range(self._num_workers)
         ]
@@ -242,6 +247,9 @@ class WorkerIterator(LoaderIterator):
         error, task.error = task.error, None
         if error is None:
             return Delivery(task.result, task.number, task.worker_id, task.position)
+        if task.fatal:
+            self._fatal = error
+            self._finalizer()
         try:
             raise error
         finally:
@@ -253,7 +261,7 @@ class WorkerIterator(LoaderIterator):
         match message:
             case Ready():
                 return
-            case Failed(task=None):
+            case Failed(task=None):  # a bug of ours ended a thread worker
                 exc = self._worker_exception(message, f"while starting ({message.stage})")
                 self._fatal = exc
                 self._finalizer()
@@ -272,11 +280,16 @@ class WorkerIterator(LoaderIterator):
                 self._tasks.pop(number, None)  # already skipped if its turn came first
                 self._dispatch()
             case Failed(task=number):
-                assert number is not None  # (a failure at start-up is matched above)
+                assert number is not None  # (a failure of ours in a thread is matched above)
                 self._in_flight[worker_id] -= 1
                 task = self._tasks[number]
                 task.arrived = True
-                what = "while fetching " + describe_key(task.key, self._iterable_style)
+                what = describe_key(task.key, self._iterable_style)
+                if message.stage:  # its set-up raised: the loader cannot go on without it
+                    what = f"while starting ({message.stage}), so it could not fetch {what}"
+                    task.fatal = True
+                else:
+                    what = "while fetching " + what
                 task.error = self._worker_exception(message, what)
             case Done(task=number, report=report):
                 self._in_flight[worker_id] -= 1
@@ -291,7 +304,12 @@ class WorkerIterator(LoaderIterator):
 
     def _worker_exception(self, message: Failed, what: str) -> BaseException:
         exc = rebuild_exception(message.exception, message.type_name, message.message)
-        add_note(exc, f"raised in DataLoader worker {message.worker_id} (pid {message.pid}) {what}")
+        kind = message.type_name.rsplit(".", 1)[-1]
+        add_note(
+            exc,
+            f"Caught {kind} in DataLoader worker process {message.worker_id} "
+            f"(pid {message.pid}) {what}",
+        )
         add_note(exc, "worker traceback:\n" + message.traceback.rstrip())
         return exc
 
@@ -307,14 +325,30 @@ class WorkerIterator(LoaderIterator):
                 got = self._channel.receive(left, self._in_flight)
             except WorkerGone as gone:
                 raise self._died(gone.worker) from None
+            except DescriptorLimitReached as exc:
+                # Out of descriptors in this process, a slab was lost on its way: the worker's
+                # later batches may refer to it, so the iterator cannot go on. (The same error
+                # raised in a worker fails only its batch: that worker lives on.)
+                self._fatal = exc
+                self._finalizer()
+                raise
             if got is not None:
                 return got
 
     def _in_flight_of(self, worker_id: int) -> str:
-        keys = [t.key for t in self._tasks.values() if t.worker_id == worker_id and not t.arrived]
-        if not keys:
+        """What ``worker_id`` was making: each distinct key once, with a count if repeated
+        (a stream's keys all read "the next batch of its dataset stream")."""
+        counts: dict[str, int] = {}
+        for task in self._tasks.values():
+            if task.worker_id == worker_id and not task.arrived:
+                what = describe_key(task.key, self._iterable_style)
+                counts[what] = counts.get(what, 0) + 1
+        if not counts:
             return "nothing"
-        return "; ".join(describe_key(k, self._iterable_style) for k in keys)
+        return "; ".join(
+            what if count == 1 else f"{what} ({count} batches in flight)"
+            for what, count in counts.items()
+        )
 
     def _died(self, worker: WorkerHandle) -> WorkerDied:
         exitcode = None
@@ -326,15 +360,14 @@ class WorkerIterator(LoaderIterator):
         )
 
     def _timeout_error(self) -> WorkerTimeout:
+        # torch's words, with the timeout as the user gave it ("after 5 seconds").
+        waited = f"DataLoader timed out after {self._plan.timeout} seconds"
         task = self._tasks.get(self._next_yield)
         if task is None:
-            return WorkerTimeout(
-                f"DataLoader timed out after {self._timeout} s waiting for a batch"
-            )
+            return WorkerTimeout(f"{waited} waiting for a batch (timeout={self._plan.timeout})")
         worker = self._workers[task.worker_id]
         return WorkerTimeout(
-            f"DataLoader timed out after {self._timeout} s (timeout={self._plan.timeout}) "
-            f"waiting for worker {task.worker_id} (pid {worker.pid or os.getpid()}) to fetch "
+            f"{waited} waiting for worker {task.worker_id} (pid {worker.pid}) to fetch "
             f"{describe_key(task.key, self._iterable_style)}"
         )
 

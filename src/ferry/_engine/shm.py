@@ -1,15 +1,17 @@
 """Shared-memory slabs: how a process worker's batch reaches the main process without a copy.
 
-A *slab* is an anonymous shared-memory file (``memfd_create``) owned by the worker that made
-it. It has no name, so nothing is ever left in ``/dev/shm``: its memory goes back to the system
-when the last process that maps it exits or unmaps it, however that process ends.
+A *slab* is a shared-memory file owned by the worker that made it: anonymous (``memfd_create``),
+so nothing is ever left in ``/dev/shm``, or named under torch's ``file_system`` sharing strategy
+(see :mod:`ferry._engine.slabfile`, which also explains why no process holds a descriptor per
+slab). Its memory goes back to the system when the last process that maps it exits or unmaps
+it, however that process ends.
 
 In the worker, :class:`SlabAllocator` is installed as collate's allocator: batch tensors are
 carved out of slabs, so collate writes each sample straight into shared memory. The batch is
 then pickled by :func:`encode_batch`, which replaces every tensor by a reference
 ``(slab id, byte offset, dtype, shape, stride)``; the first time a slab is used, the worker
-sends its file descriptor over the connection (``SCM_RIGHTS``) right after a ``NewSlab``
-message.
+sends a ``NewSlab`` message, followed by the file's descriptor (``SCM_RIGHTS``) when it has no
+name.
 
 In the main process, :class:`SlabMaps` maps each slab once and :meth:`SlabMaps.decode` turns the
 references back into tensors over the mapping. A slab is lent out with the batch and is free
@@ -24,15 +26,25 @@ import collections
 import contextlib
 import io
 import math
-import mmap
 import os
 import pickle
 import threading
 import weakref
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
+
+from ferry._engine.messages import NewSlab
+from ferry._engine.slabfile import (
+    create_file,
+    descriptor_limit,
+    is_descriptor_limit,
+    map_file,
+    open_named,
+    recv_fd,
+)
 
 __all__ = ["SLABS_SUPPORTED", "Slab", "SlabAllocator", "SlabMaps", "encode_batch"]
 
@@ -47,36 +59,56 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 class Slab:
-    """One anonymous shared-memory file, mapped in the worker that created it."""
+    """One shared-memory file, mapped in the worker that created it.
 
-    def __init__(self, slab_id: int, size: int) -> None:
+    ``fd`` is held only until the slab is announced to the main process (:meth:`shared`);
+    ``name`` is set when slabs travel by name (see :mod:`ferry._engine.slabfile`).
+    """
+
+    def __init__(self, slab_id: int, size: int, owner_pid: int, named: bool) -> None:
         self.id = slab_id
         self.size = size
-        self.fd = os.memfd_create(f"ferry-slab-{slab_id}", os.MFD_CLOEXEC)
+        fd, self.name = create_file(owner_pid, slab_id, size, named)
+        self.fd: int | None = fd
         try:
             available = _available_memory()
             if available is not None and size > available:
                 raise OSError(f"{size} bytes asked, {available} available")
-            os.ftruncate(self.fd, size)
+            os.ftruncate(fd, size)
             # Commit the memory now: otherwise running out shows up later as a SIGBUS in the
             # middle of collate. Slabs are reused, so this is paid once per slab.
             if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(self.fd, 0, size)
-            self.map = mmap.mmap(self.fd, size)
+                os.posix_fallocate(fd, 0, size)
+            self.map = map_file(fd, size)
         except OSError as exc:
-            os.close(self.fd)
+            self._release_file()
+            if is_descriptor_limit(exc):
+                raise
             raise _out_of_shared_memory(size) from exc
+        if self.name is not None:
+            self.shared()  # found by its name: the descriptor is not needed any more
         self.whole = torch.frombuffer(self.map, dtype=torch.uint8)
         self.base = self.whole.data_ptr()
         self.used = 0
         self.lent = False  # in the main process's hands until it says otherwise
         self.announced = False
 
+    def shared(self) -> None:
+        """The main process has the slab: this process keeps only the mapping."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _release_file(self) -> None:
+        self.shared()
+        if self.name is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.name)
+
     def close(self) -> None:
-        del self.whole
-        with contextlib.suppress(BufferError):  # a tensor still views it; unmapped when it goes
-            self.map.close()
-        os.close(self.fd)
+        """Drop this process's hold on the slab (the mapping goes with its last view)."""
+        del self.whole, self.map
+        self._release_file()
 
 
 def _available_memory() -> int | None:
@@ -113,7 +145,10 @@ class SlabAllocator:
 
     min_bytes = 0  # everything a worker's batch holds goes to shared memory
 
-    def __init__(self) -> None:
+    def __init__(self, owner_pid: int, named: bool = False) -> None:
+        # Slab files are made for main process ``owner_pid``; ``named``: they travel by name.
+        self._owner_pid = owner_pid
+        self._named = named
         self.slabs: dict[int, Slab] = {}
         self._current: Slab | None = None
         self._in_batch: list[Slab] = []
@@ -150,13 +185,27 @@ class SlabAllocator:
         if fitting:
             slab = min(fitting, key=lambda s: s.size)
         else:
-            slab = Slab(self._next_id, max(_round_up(want, _MIN_SLAB), _MIN_SLAB))
+            slab = self._new_slab(max(_round_up(want, _MIN_SLAB), _MIN_SLAB))
             self._next_id += 1
             self.slabs[slab.id] = slab
         slab.used = 0
         self._in_batch.append(slab)
         self._current = slab
         return slab
+
+    def _new_slab(self, size: int) -> Slab:
+        try:
+            return Slab(self._next_id, size, self._owner_pid, self._named)
+        except OSError as exc:
+            if not is_descriptor_limit(exc):
+                raise
+            lent = sum(slab.lent for slab in self.slabs.values())
+            raise descriptor_limit(
+                "a DataLoader worker process",
+                "creating a shared-memory slab for a batch",
+                f"The worker has {len(self.slabs)} slabs, {lent} of them held by the main "
+                "process (batches in flight or kept by the training loop).",
+            ) from exc
 
     def locate(self, tensor: torch.Tensor) -> tuple[Slab, int] | None:
         """The slab holding ``tensor``'s bytes and their offset in it, if any."""
@@ -287,13 +336,28 @@ class SlabMaps:
     """Main-side view of one worker's slabs (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._maps: dict[int, mmap.mmap] = {}
+        self._maps: dict[int, Any] = {}
         self._freed: collections.deque[int] = collections.deque()
         self._lock = threading.Lock()
 
-    def add(self, slab_id: int, size: int, fd: int) -> None:
+    def receive(self, slab: NewSlab, conn: Connection, worker_id: int) -> None:
+        """Map the slab ``slab`` announces: by its name, or by the descriptor that follows it
+        on ``conn``. Holds no descriptor afterwards."""
         try:
-            self._maps[slab_id] = mmap.mmap(fd, size)
+            if slab.name is not None:
+                self._maps[slab.slab_id] = open_named(slab.name, slab.size)
+                return
+            fd = recv_fd(conn)
+        except OSError as exc:
+            if not is_descriptor_limit(exc):
+                raise
+            raise descriptor_limit(
+                "the main process",
+                f"receiving a shared-memory slab from worker {worker_id}",
+                f"It has {len(self._maps)} slabs of that worker mapped.",
+            ) from exc
+        try:
+            self._maps[slab.slab_id] = map_file(fd, slab.size)
         finally:
             os.close(fd)
 
@@ -344,7 +408,5 @@ class SlabMaps:
         return batch
 
     def close(self) -> None:
-        for mapping in self._maps.values():
-            with contextlib.suppress(BufferError):  # the user still holds tensors over it
-                mapping.close()
+        # Each mapping goes when the last tensor over it does (the user may still hold some).
         self._maps.clear()

@@ -11,6 +11,7 @@ worker at once if the parent is gone (the connection closes, or the parent pid c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import queue
@@ -21,7 +22,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import send_handle
 from typing import Any
 
 import torch
@@ -43,6 +43,7 @@ from ferry._engine.messages import (
 )
 from ferry._engine.position import PositionKeeper
 from ferry._engine.shm import SLABS_SUPPORTED, SlabAllocator, encode_batch
+from ferry._engine.slabfile import remove_names, send_fd
 from ferry.distributed import _inherit_rank_world as inherit_rank_world
 
 __all__ = ["WorkerConfig", "process_worker_main", "thread_worker_main"]
@@ -74,6 +75,8 @@ class WorkerConfig:
     resume: WorkerCursor | None = None
     snapshot_every: int = 1
     track_rng: bool = False
+    # Slabs travel by name (torch's sharing strategy is "file_system"), not by descriptor.
+    named_slabs: bool = False
 
     @property
     def seed(self) -> int:
@@ -136,14 +139,16 @@ def run_worker_loop(
     thread workers."""
     stage = "in worker_init_fn"
     keeper = PositionKeeper(config.dataset, config.snapshot_every, config.track_rng)
+    # A worker whose set-up raised stays up and fails each of its tasks with that error, so
+    # the error reaches the user at the worker's first batch, where torch raises it too.
+    broken: Failed | None = None
     try:
         if config.worker_init_fn is not None:
             config.worker_init_fn(config.worker_id)
         stage = "opening its dataset stream" if config.iterable else "setting up its fetcher"
         fetcher = keeper.open(config.fetcher, config.resume)
-    except BaseException as exc:
-        send(failure(None, config.worker_id, exc, stage))
-        return
+    except Exception as exc:
+        broken = failure(None, config.worker_id, exc, stage)
     send(Ready(config.worker_id, os.getpid()))
     while True:
         message = receive()
@@ -152,11 +157,15 @@ def run_worker_loop(
         if isinstance(message, Resume):
             if slabs is not None:
                 slabs.begin(message.freed)
-            fetcher = keeper.open(config.fetcher, None)
+            if broken is None:
+                fetcher = keeper.open(config.fetcher, None)
             continue
         assert isinstance(message, Fetch)
         if stopping.is_set():
             return
+        if broken is not None:
+            send(dataclasses.replace(broken, task=message.task))
+            continue
         if slabs is not None:
             slabs.begin(message.freed)
         try:
@@ -167,33 +176,38 @@ def run_worker_loop(
                 send(Done(message.task, batch, report=report))
                 continue
             payload, used = encode_batch(batch, slabs)
-        except StopIteration:
-            if slabs is not None:
-                slabs.abandon()
-            if not config.iterable:
-                raise
-            send(Exhausted(message.task))
-            continue
         except Exception as exc:
             if slabs is not None:
                 slabs.abandon()
-            send(failure(message.task, config.worker_id, exc))
+            if config.iterable and isinstance(exc, StopIteration):
+                send(Exhausted(message.task))
+            else:
+                # A map-style __getitem__ raising StopIteration travels like any error: raised
+                # again in the main process, it ends the epoch there, as in torch.
+                send(failure(message.task, config.worker_id, exc))
             continue
         for slab in used:
             if not slab.announced:
-                send(NewSlab(slab.id, slab.size))
-                assert send_slab is not None
-                send_slab(slab.fd)
+                send(NewSlab(slab.id, slab.size, slab.name))
+                if slab.fd is not None:
+                    assert send_slab is not None
+                    send_slab(slab.fd)
+                slab.shared()
                 slab.announced = True
         send(Done(message.task, payload, tuple(s.id for s in used), report))
 
 
 def _watch_parent(
-    conn: Connection, inbox: queue.SimpleQueue[Any], parent_pid: int, stopping: threading.Event
+    conn: Connection,
+    inbox: queue.SimpleQueue[Any],
+    parent_pid: int,
+    stopping: threading.Event,
+    main_pid: int,
 ) -> None:
     """Reader thread of a process worker: drain the connection, and end the worker at once if
     the main process is gone (its end of the connection closed, or the worker was re-parented:
-    ``parent_pid`` is the parent at start-up, the main process or a forkserver)."""
+    ``parent_pid`` is the parent at start-up, the main process or a forkserver). Names of
+    slab files this worker made for ``main_pid`` are removed first."""
     while True:
         try:
             if conn.poll(PARENT_CHECK_INTERVAL):
@@ -204,9 +218,14 @@ def _watch_parent(
                 if isinstance(message, Stop):
                     return
         except (EOFError, OSError):
-            os._exit(0)
+            _exit_orphaned(main_pid)
         if os.getppid() != parent_pid:
-            os._exit(0)
+            _exit_orphaned(main_pid)
+
+
+def _exit_orphaned(main_pid: int) -> None:
+    remove_names(main_pid, os.getpid())
+    os._exit(0)
 
 
 def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
@@ -220,15 +239,15 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
     stopping = threading.Event()
     reader = threading.Thread(
         target=_watch_parent,
-        args=(conn, inbox, os.getppid(), stopping),
+        args=(conn, inbox, os.getppid(), stopping, config.parent_pid),
         name=f"ferry-worker-{config.worker_id}-reader",
         daemon=True,
     )
     reader.start()
-    slabs = SlabAllocator() if SLABS_SUPPORTED else None
+    slabs = SlabAllocator(config.parent_pid, config.named_slabs) if SLABS_SUPPORTED else None
 
     def send_slab(fd: int) -> None:
-        send_handle(conn, fd, config.parent_pid)
+        send_fd(conn, fd)
 
     def send(message: Any) -> None:
         conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
