@@ -7,6 +7,7 @@ caller) with a message that names the option, what was expected and what was got
 from __future__ import annotations
 
 import operator
+import os
 
 
 def _got(value: object) -> str:
@@ -16,13 +17,19 @@ def _got(value: object) -> str:
 def check_positive_int(name: str, value: object, *, error: type[Exception]) -> None:
     """``value`` must be an ``int`` (not a ``bool``) greater than zero."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise error(f"{name} must be a positive integer, got {_got(value)}")
+        raise error(
+            f"{name} should be a positive integer value, but got {name}={value} "
+            f"({type(value).__name__})"
+        )
 
 
 def check_bool(name: str, value: object, *, error: type[Exception]) -> bool:
     """``value`` must be exactly ``True`` or ``False``; returns it."""
     if not isinstance(value, bool):
-        raise error(f"{name} must be a bool, got {_got(value)}")
+        raise error(
+            f"{name} should be a boolean value, but got {name}={value} ({type(value).__name__}); "
+            "pass True or False"
+        )
     return value
 
 
@@ -35,3 +42,42 @@ def as_int(name: str, value: object, *, allow_bool: bool) -> int:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{name} must be an integer, got {_got(value)}") from None
+
+
+def too_many_workers(num_workers: int, worker_type: str) -> str | None:
+    """The warning for more workers than the CPUs this process may run on (None if fine)."""
+    if num_workers == 0:
+        return None
+    affinity = hasattr(os, "sched_getaffinity")  # respects cpusets; os.cpu_count does not
+    try:
+        cpus = len(os.sched_getaffinity(0)) if affinity else os.cpu_count()
+    except OSError:
+        affinity, cpus = False, os.cpu_count()
+    if cpus is not None and num_workers <= cpus:
+        return None
+    if cpus is None:
+        limit = (
+            "DataLoader is not able to compute a suggested max number of worker in current "
+            "system (the CPU count is unknown)."
+        )
+    else:
+        cpuset = "" if affinity else " (`cpuset` is not taken into account)"
+        limit = (
+            f"Our suggested max number of worker in current system is {cpus}{cpuset}, which "
+            "is smaller than what this DataLoader is going to create."
+        )
+    kind = "threads" if worker_type == "thread" else "processes"
+    return (
+        f"This DataLoader will create {num_workers} worker {kind} in total. {limit} "
+        "Workers beyond the CPU count compete for the CPUs, which is usually slower and can "
+        "make loading stall: consider lowering num_workers."
+    )
+
+
+def pin_device_deprecated(device: str) -> str:
+    """The warning for ``pin_memory_device``, deprecated in torch."""
+    return (
+        "pin_memory_device is deprecated, the current accelerator will be used as the device in "
+        f"torch's DataLoader; ferry still passes pin_memory_device={device!r} to "
+        "Tensor.pin_memory for now. Leave it unset to pin for the current accelerator."
+    )

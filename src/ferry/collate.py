@@ -93,12 +93,13 @@ class RowBatch(Sequence[tuple[torch.Tensor, ...]]):
         return f"RowBatch(rows={len(self)}, columns={len(self.columns)})"
 
 
-def _unsupported(elem_type: type, where: str) -> TypeError:
+def _unsupported(found: object) -> TypeError:
+    """The error for a leaf no collate function takes (``found``: its type, or its dtype)."""
     return TypeError(
-        f"{where}: cannot batch samples of type {elem_type.__module__}.{elem_type.__qualname__}; "
-        "supported are tensors, numpy arrays and scalars, numbers, str and bytes, and mappings "
-        "or sequences of those. Register a function for this type in collate_fn_map, or pass "
-        "DataLoader(collate_fn=...)"
+        "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; "
+        f"found {found}. Batched are tensors, numpy arrays and scalars, numbers, str and bytes, "
+        "and mappings or sequences of those: register a function for this type in "
+        "collate_fn_map, or pass DataLoader(collate_fn=...)"
     )
 
 
@@ -137,7 +138,7 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
         for position, sample in enumerate(batch):
             if len(sample) != size:
                 raise RuntimeError(
-                    f"collate: every sample in a batch must have the same length; sample 0 has "
+                    "each element in list of batch should be of equal size: sample 0 has "
                     f"{size} elements, sample {position} has {len(sample)}"
                 )
         # Each position goes on as a tuple, as in torch (a position of strings stays a tuple).
@@ -145,7 +146,7 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
         if isinstance(elem, tuple):
             return columns
         return rebuild_sequence(elem, columns)
-    raise _unsupported(elem_type, "collate")
+    raise _unsupported(elem_type)
 
 
 def collate_tensor_fn(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
@@ -153,12 +154,14 @@ def collate_tensor_fn(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = No
     elem = batch[0]
     if elem.is_nested:
         raise RuntimeError(
-            "collate: nested tensors cannot be stacked into a batch; pass a collate_fn that "
-            "builds the batch you need"
+            "Batches of nested tensors are not currently supported by the default collate_fn: "
+            "they cannot be stacked into one tensor; pass a collate_fn that builds the batch "
+            "you need"
         )
     if elem.layout in _SPARSE_LAYOUTS:
         raise RuntimeError(
-            f"collate: sparse tensors ({elem.layout}) cannot be stacked into a batch; pass a "
+            "Batches of sparse tensors are not currently supported by the default collate_fn: "
+            f"tensors of layout {elem.layout} cannot be stacked into one tensor; pass a "
             "collate_fn that builds the batch you need"
         )
     samples = list(batch)
@@ -196,8 +199,9 @@ def collate_numpy_array_fn(
     elem = batch[0]
     if elem.dtype.kind in _NON_NUMERIC_KINDS:
         raise TypeError(
-            f"collate: numpy arrays of dtype {elem.dtype} hold no numbers and cannot be made a "
-            "tensor; convert them in the dataset or pass a collate_fn"
+            "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or "
+            f"lists; found {elem.dtype}. numpy arrays of dtype {elem.dtype} hold no numbers and "
+            "cannot be made a tensor: convert them in the dataset or pass a collate_fn"
         )
     try:
         # from_numpy is as_tensor's own path for an ndarray (same sharing, same warnings)

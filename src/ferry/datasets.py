@@ -76,7 +76,9 @@ class Dataset(TorchDataset[T_co]):
     """
 
     def __getitem__(self, index: Any) -> T_co:
-        raise NotImplementedError(f"{type(self).__name__} must define __getitem__")
+        raise NotImplementedError(
+            f"Subclasses of Dataset should implement __getitem__: {type(self).__name__} does not"
+        )
 
     def __add__(self, other: TorchDataset[T_co]) -> ConcatDataset[T_co]:
         return ConcatDataset([self, other])
@@ -128,7 +130,8 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]], TorchTensorDataset):
             sizes = [t.size(0) for t in tensors]
             if any(size != sizes[0] for size in sizes):
                 raise AssertionError(
-                    f"TensorDataset: every tensor must have the same first dimension, got {sizes}"
+                    "Size mismatch between tensors: every tensor of a TensorDataset must have the "
+                    f"same first dimension, got sizes {sizes}"
                 )
         self.tensors = tensors
 
@@ -169,16 +172,18 @@ class StackDataset(Dataset[T_co], TorchStackDataset[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if args and kwargs:
             raise ValueError(
-                "StackDataset takes datasets either positionally (tuple samples) or by keyword "
-                "(dict samples), got both"
+                "Supported either tuple-like samples (datasets passed positionally) or dict-like "
+                "samples (datasets passed by keyword) in StackDataset, but both types are given: "
+                "pass every dataset the same way"
             )
         parts = list(args or kwargs.values())
         if not parts:
-            raise ValueError("StackDataset needs at least one dataset, got none")
+            raise ValueError("At least one dataset should be passed to StackDataset, got none")
         lengths = [len(d) for d in parts]
         if any(n != lengths[0] for n in lengths):
             raise ValueError(
-                f"StackDataset: every dataset must have the same length, got {lengths}"
+                "Size mismatch between datasets: every dataset of a StackDataset must have the "
+                f"same length, got lengths {lengths}"
             )
         self._length = lengths[0]
         self.datasets = args if args else kwargs
@@ -195,8 +200,9 @@ class StackDataset(Dataset[T_co], TorchStackDataset[Any]):
             items = fetch_many(d, indices)
             if len(items) != len(indices):
                 raise ValueError(
-                    f"StackDataset: {type(d).__name__}.__getitems__ returned {len(items)} "
-                    f"samples for {len(indices)} indices"
+                    f"Nested dataset's output size mismatch. Expected {len(indices)}, got "
+                    f"{len(items)}: {type(d).__name__}.__getitems__ must return one sample per "
+                    "index"
                 )
             columns.append(items)
         if isinstance(self.datasets, dict):
@@ -217,11 +223,13 @@ class ConcatDataset(Dataset[T_co], TorchConcatDataset[T_co]):
     def __init__(self, datasets: Iterable[Any]) -> None:
         self.datasets = list(datasets)
         if not self.datasets:
-            raise AssertionError("ConcatDataset needs at least one dataset, got an empty iterable")
+            raise AssertionError(
+                "datasets should not be an empty iterable: ConcatDataset needs at least one"
+            )
         for d in self.datasets:
             if is_iterable_style(d):
                 raise AssertionError(
-                    f"ConcatDataset takes map-style datasets, got the iterable-style "
+                    "ConcatDataset does not support IterableDataset: got the iterable-style "
                     f"{type(d).__name__} (use ChainDataset for streams)"
                 )
         self.cumulative_sizes = self.cumsum(self.datasets)
@@ -235,7 +243,8 @@ class ConcatDataset(Dataset[T_co], TorchConcatDataset[T_co]):
     def cummulative_sizes(self) -> list[int]:
         """Misspelled alias kept for code written against old torch releases."""
         warnings.warn(
-            "cummulative_sizes is a deprecated alias: use cumulative_sizes",
+            "`cummulative_sizes` attribute is renamed to `cumulative_sizes`: the misspelled "
+            "alias is deprecated",
             FutureWarning,
             stacklevel=2,
         )
@@ -248,8 +257,8 @@ class ConcatDataset(Dataset[T_co], TorchConcatDataset[T_co]):
         if index < 0:
             if -index > len(self):
                 raise ValueError(
-                    f"ConcatDataset: index {index} is out of range for a dataset of length "
-                    f"{len(self)}"
+                    f"absolute value of index should not exceed dataset length: index {index} is "
+                    f"out of range for a ConcatDataset of length {len(self)}"
                 )
             index += len(self)
         part = bisect.bisect_right(self.cumulative_sizes, index)
@@ -288,8 +297,8 @@ class ChainDataset(IterableDataset, TorchChainDataset):  # type: ignore[type-arg
         for d in self.datasets:
             if not is_iterable_style(d):
                 raise AssertionError(
-                    f"ChainDataset takes iterable-style datasets, got the map-style "
-                    f"{type(d).__name__}"
+                    "ChainDataset only supports IterableDataset: got the map-style "
+                    f"{type(d).__name__} (use ConcatDataset for map-style datasets)"
                 )
             yield d
 
@@ -398,8 +407,8 @@ def random_split(
         for position, fraction in enumerate(sizes):
             if not 0 <= fraction <= 1:
                 raise ValueError(
-                    f"random_split: fraction at index {position} must be between 0 and 1, "
-                    f"got {fraction}"
+                    f"Fraction at index {position} is not between 0 and 1: random_split got "
+                    f"{fraction} in {list(lengths)}"
                 )
             counts.append(math.floor(total * fraction))
         for turn in range(total - sum(counts)):
@@ -407,15 +416,18 @@ def random_split(
         for position, count in enumerate(counts):
             if count == 0:
                 warnings.warn(
-                    f"random_split: split {position} is empty (length 0)",
+                    f"Length of split at index {position} is 0. This might result in an empty "
+                    f"dataset: random_split of {total} samples by the fractions {list(lengths)} "
+                    "leaves this split no sample.",
                     UserWarning,
                     stacklevel=2,
                 )
         sizes = counts
     if sum(sizes) != total:
         raise ValueError(
-            f"random_split: the lengths must sum to the dataset's length {total} "
-            f"(or the fractions to 1), got {list(lengths)} summing to {sum(lengths)}"
+            "Sum of input lengths does not equal the length of the input dataset! random_split "
+            f"got {list(lengths)}, summing to {sum(lengths)}, for a dataset of length {total}: "
+            "give lengths that sum to it, or fractions that sum to 1"
         )
     order = torch.randperm(total, generator=generator).tolist()
     ends = itertools.accumulate(int(s) for s in sizes)

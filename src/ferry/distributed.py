@@ -87,14 +87,15 @@ def _required_from_group(option: str) -> tuple[int, int]:
     if here is not None:
         return here
     reason = (
-        "torch.distributed is not available in this build of torch"
+        "Requires distributed package to be available, but torch.distributed is not built into "
+        "this torch"
         if not torch.distributed.is_available()
-        else "no default process group is initialised "
-        "(call torch.distributed.init_process_group first)"
+        else "Default process group has not been initialized, please make sure to call "
+        "init_process_group (torch.distributed.init_process_group) first"
     )
     raise NoProcessGroupError(
-        f"DistributedSampler needs {option} from the default process group, but {reason}; "
-        "or pass num_replicas and rank explicitly"
+        f"{reason}: DistributedSampler takes {option} from the default process group when it "
+        "is not given; or pass num_replicas and rank explicitly"
     )
 
 
@@ -179,15 +180,22 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
         num_replicas = as_int("num_replicas", num_replicas, allow_bool=False)
         rank = as_int("rank", rank, allow_bool=False)
         if num_replicas <= 0:
-            raise ValueError(f"num_replicas must be a positive integer, got {num_replicas}")
+            raise ValueError(
+                f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]: "
+                f"num_replicas must be a positive number of ranks, got num_replicas={num_replicas}"
+            )
         if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, num_replicas) = [0, {num_replicas}), got {rank}")
+            raise ValueError(
+                f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}] "
+                f"(one of the num_replicas={num_replicas} ranks)"
+            )
         try:
             length = len(dataset)
-        except TypeError:
+        except TypeError as exc:
             raise TypeError(
-                "DistributedSampler needs a dataset with a length (a map-style dataset), "
-                f"got {type(dataset).__name__}; for a stream, use ferry.distributed.shard"
+                f"{exc}: DistributedSampler needs a dataset with a length (a map-style "
+                f"dataset), got {type(dataset).__name__}; for a stream, use "
+                "ferry.distributed.shard"
             ) from None
 
         self.dataset = dataset

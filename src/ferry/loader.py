@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import math
 import multiprocessing
-import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -26,7 +25,7 @@ from ferry._engine.pin import accelerator_available
 from ferry._engine.plan import EpochPlan
 from ferry._engine.resume import fit_workers, identity_of, warn_replay
 from ferry._torch_types import TorchDataLoader
-from ferry._validate import as_int
+from ferry._validate import as_int, pin_device_deprecated, too_many_workers
 from ferry.collate import default_collate, default_convert
 from ferry.datasets import is_iterable_style
 from ferry.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -92,6 +91,7 @@ class DataLoader(TorchDataLoader[T_co]):
     __initialized = False
     # torch's class declares this None (its type: the value it starts with); it holds a length.
     _IterableDataset_len_called: int | None = None  # type: ignore[assignment]
+    _warned_pin_device = False  # the pin_memory_device deprecation is told once per loader
 
     def __init__(  # noqa: PLR0917 - torch's signature takes these positionally
         self,
@@ -123,23 +123,31 @@ class DataLoader(TorchDataLoader[T_co]):
             prefetch_factor = as_int("prefetch_factor", prefetch_factor, allow_bool=True)
         if num_workers < 0:
             raise ValueError(
-                f"num_workers must be >= 0 (0 loads in the main process), got {num_workers}"
+                "num_workers option should be non-negative; use num_workers=0 to disable "
+                f"multiprocessing (load in the main process), got num_workers={num_workers}"
             )
         if timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds (0 waits forever), got {timeout}")
+            raise ValueError(
+                "timeout option should be non-negative: it is the seconds to wait for a batch "
+                f"from a worker (0 waits forever), got timeout={timeout}"
+            )
         if num_workers == 0 and prefetch_factor is not None:
             raise ValueError(
-                f"prefetch_factor applies to worker loading only: with num_workers=0 leave it "
-                f"None, got prefetch_factor={prefetch_factor}"
+                "prefetch_factor option could only be specified in multiprocessing: it is the "
+                "number of batches each worker loads ahead, so with num_workers=0 leave it None "
+                f"(or set num_workers > 0), got prefetch_factor={prefetch_factor}"
             )
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         elif prefetch_factor is not None and prefetch_factor < 0:
-            raise ValueError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
+            raise ValueError(
+                "prefetch_factor option should be non-negative (batches loaded ahead per "
+                f"worker), got prefetch_factor={prefetch_factor}"
+            )
         if persistent_workers and num_workers == 0:
             raise ValueError(
-                "persistent_workers=True keeps workers between epochs and needs num_workers > 0, "
-                "got num_workers=0"
+                "persistent_workers option needs num_workers > 0: it keeps the worker "
+                "processes alive between epochs, got num_workers=0"
             )
         if worker_type not in ("process", "thread"):
             raise ValueError(f"worker_type must be 'process' or 'thread', got {worker_type!r}")
@@ -169,38 +177,44 @@ class DataLoader(TorchDataLoader[T_co]):
         if self._iterable_style:
             if shuffle not in (False, None):
                 raise ValueError(
-                    "shuffle must be left unset for an iterable-style dataset (the stream decides "
-                    f"the order), got shuffle={shuffle!r}"
+                    "DataLoader with IterableDataset: expected unspecified shuffle option, but "
+                    f"got shuffle={shuffle}; the stream decides its own order, so shuffle "
+                    "inside the dataset"
                 )
             if sampler is not None:
                 raise ValueError(
-                    "sampler must be left unset for an iterable-style dataset (it has no keys), "
-                    f"got sampler={sampler!r}"
+                    "DataLoader with IterableDataset: expected unspecified sampler option, but "
+                    f"got sampler={sampler}; a stream has no keys to sample, it chooses its "
+                    "samples itself"
                 )
             if batch_sampler is not None:
                 raise ValueError(
-                    "batch_sampler must be left unset for an iterable-style dataset (it has no "
-                    f"keys), got batch_sampler={batch_sampler!r}"
+                    "DataLoader with IterableDataset: expected unspecified batch_sampler option, "
+                    f"but got batch_sampler={batch_sampler}; a stream has no keys to sample, "
+                    "use batch_size to batch it"
                 )
         else:
             shuffle = bool(shuffle)
 
         if sampler is not None and shuffle:
             raise ValueError(
-                "shuffle=True and sampler are mutually exclusive: the sampler decides the order"
+                "sampler option is mutually exclusive with shuffle: the sampler decides the "
+                "order, so leave shuffle unset or False"
             )
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError(
-                    "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and "
-                    f"drop_last, got batch_size={batch_size!r}, shuffle={shuffle!r}, "
-                    f"sampler={sampler!r}, drop_last={drop_last!r}"
+                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                    "sampler, and drop_last (the batch sampler decides all four), got "
+                    f"batch_size={batch_size!r}, shuffle={shuffle!r}, sampler={sampler!r}, "
+                    f"drop_last={drop_last!r}"
                 )
             batch_size = None
             drop_last = False
         elif batch_size is None and drop_last:
             raise ValueError(
-                "drop_last=True needs automatic batching: batch_size=None turns it off"
+                "batch_size=None option disables auto-batching and is mutually exclusive with "
+                "drop_last: there is no batch to drop, so leave drop_last=False"
             )
 
         if sampler is None:
@@ -250,20 +264,24 @@ class DataLoader(TorchDataLoader[T_co]):
         if context is not None:
             if self.num_workers == 0:
                 raise ValueError(
-                    "multiprocessing_context applies to worker processes only and needs "
-                    f"num_workers > 0, got num_workers={self.num_workers}"
+                    "multiprocessing_context can only be used with multi-process loading "
+                    f"(num_workers > 0), but got num_workers={self.num_workers}; it chooses how "
+                    "worker processes start"
                 )
             if isinstance(context, str):
                 methods = multiprocessing.get_all_start_methods()
                 if context not in methods:
                     raise ValueError(
-                        f"multiprocessing_context must be one of {methods}, got {context!r}"
+                        "multiprocessing_context option should specify a valid start method in "
+                        f"{methods!r}, but got multiprocessing_context={context!r}"
                     )
                 context = multiprocessing.get_context(context)
             if not isinstance(context, BaseContext):
                 raise TypeError(
-                    "multiprocessing_context must be a start method name or a multiprocessing "
-                    f"context object, got {type(context).__name__}"
+                    "multiprocessing_context option should be a valid context object or a string "
+                    f"specifying the start method, but got multiprocessing_context={context} "
+                    f"({type(context).__name__}); pass a start method name or "
+                    "multiprocessing.get_context(name)"
                 )
         self.__multiprocessing_context: BaseContext | None = context
 
@@ -381,6 +399,13 @@ class DataLoader(TorchDataLoader[T_co]):
         return self._make_iterator()
 
     def _make_iterator(self) -> LoaderIterator:
+        if self.num_workers > 0 and not self.prefetch_factor:
+            # torch refuses it when the iterator is made: no batch could ever be asked for.
+            raise AssertionError(
+                "prefetch_factor must be greater than 0 for loading with workers "
+                f"(num_workers={self.num_workers}): it is the number of batches each worker "
+                f"loads ahead, got prefetch_factor={self.prefetch_factor}"
+            )
         plan = self._plan()
         pending, self._pending = self._pending, None
         resume = pending[0] if pending is not None else None
@@ -400,6 +425,9 @@ class DataLoader(TorchDataLoader[T_co]):
         pin = self.pin_memory and accelerator_available()
         if self.pin_memory and not pin:
             self._warn_no_accelerator()
+        if self.pin_memory and self.pin_memory_device and not self._warned_pin_device:
+            self._warned_pin_device = True
+            warnings.warn(pin_device_deprecated(self.pin_memory_device), UserWarning, stacklevel=4)
         return EpochPlan(
             dataset=self.dataset,
             iterable_style=self._iterable_style,
@@ -448,28 +476,18 @@ class DataLoader(TorchDataLoader[T_co]):
         if not self._warned_no_accelerator:
             self._warned_no_accelerator = True
             warnings.warn(
-                "pin_memory=True, but this machine has no accelerator: batches are returned in "
-                "ordinary (unpinned) memory",
+                "'pin_memory' argument is set as true but no accelerator is found, then device "
+                "pinned memory won't be used: batches are returned in ordinary (unpinned) memory",
                 UserWarning,
                 stacklevel=5,
             )
 
     def check_worker_number_rationality(self) -> None:
-        """Warn when ``num_workers`` exceeds the CPUs this process may run on."""
-        if self.num_workers == 0:
-            return
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpus = os.cpu_count() or 1
-        if self.num_workers > cpus:
-            warnings.warn(
-                f"num_workers={self.num_workers} is more than the {cpus} CPUs this process may "
-                "run on: workers will compete for them, which is usually slower and can make "
-                "loading stall. Consider num_workers <= the CPU count.",
-                UserWarning,
-                stacklevel=3,
-            )
+        """Warn when ``num_workers`` exceeds the CPUs this process may run on (or when that
+        number is unknown)."""
+        message = too_many_workers(self.num_workers, self.worker_type)
+        if message is not None:
+            warnings.warn(message, UserWarning, stacklevel=3)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

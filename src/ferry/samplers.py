@@ -238,11 +238,14 @@ class RandomSampler(TensorChunkSampler, TorchRandomSampler):
         self._num_samples = num_samples
         self.generator = generator
         if not isinstance(replacement, bool):
-            raise TypeError(f"replacement must be a bool, got {replacement!r}")
+            raise TypeError(
+                f"replacement should be a boolean value, but got replacement={replacement} "
+                f"({type(replacement).__name__}); pass True or False"
+            )
         count = self.num_samples
         if not isinstance(count, int) or count <= 0:
             raise ValueError(
-                f"num_samples must be a positive integer, got {count!r}"
+                f"num_samples should be a positive integer value, but got num_samples={count}"
                 + (" (the dataset is empty)" if num_samples is None else "")
             )
 
@@ -323,8 +326,8 @@ class WeightedRandomSampler(TensorChunkSampler, TorchWeightedRandomSampler):
         weights_tensor = torch.as_tensor(weights, dtype=torch.double)
         if weights_tensor.dim() != 1:
             raise ValueError(
-                "weights must be a one-dimensional sequence, got shape "
-                f"{tuple(weights_tensor.shape)}"
+                "weights should be a 1d sequence but given weights have shape "
+                f"{tuple(weights_tensor.shape)}: pass one weight per index"
             )
         self.weights = weights_tensor
         self.num_samples = num_samples

@@ -177,7 +177,9 @@ def test_pad_is_keyword_only() -> None:
 def test_rank_out_of_range(rank: int) -> None:
     with pytest.raises(ValueError) as theirs:
         TorchDistributedSampler(range(4), num_replicas=2, rank=rank)
-    with pytest.raises(ValueError, match=rf"rank must be in \[0, num_replicas\).*got {rank}"):
+    with pytest.raises(
+        ValueError, match=rf"Invalid rank {rank}, rank should be in the interval \[0, 1\]"
+    ):
         DistributedSampler(range(4), num_replicas=2, rank=rank)
     assert theirs.type is ValueError
 
@@ -185,7 +187,9 @@ def test_rank_out_of_range(rank: int) -> None:
 @pytest.mark.parametrize("num_replicas", [0, -2])
 def test_num_replicas_must_be_positive(num_replicas: int) -> None:
     with pytest.raises(
-        ValueError, match=rf"num_replicas must be a positive integer, got {num_replicas}"
+        ValueError,
+        match=rf"Invalid rank 0, rank should be in the interval \[0, {num_replicas - 1}\]: "
+        rf"num_replicas must be a positive number of ranks, got num_replicas={num_replicas}",
     ):
         DistributedSampler(range(4), num_replicas=num_replicas, rank=0)
 
@@ -202,7 +206,9 @@ def test_integer_options_reject_other_types(option: str, value: object) -> None:
 
 @pytest.mark.parametrize("option", ["shuffle", "drop_last", "pad"])
 def test_bool_options_reject_other_types(option: str) -> None:
-    with pytest.raises(TypeError, match=rf"{option} must be a bool, got 1 \(int\)"):
+    with pytest.raises(
+        TypeError, match=rf"{option} should be a boolean value, but got {option}=1 \(int\)"
+    ):
         DistributedSampler(range(4), num_replicas=2, rank=0, **{option: 1})
 
 
@@ -246,7 +252,9 @@ def test_no_process_group(kwargs: dict[str, int]) -> None:
     # torch raises ValueError here (from get_world_size/get_rank); ours is also a RuntimeError.
     with pytest.raises(ValueError):
         TorchDistributedSampler(range(4), **kwargs)
-    with pytest.raises(NoProcessGroupError, match=r"no default process group is initialised"):
+    with pytest.raises(
+        NoProcessGroupError, match=r"Default process group has not been initialized"
+    ):
         DistributedSampler(range(4), **kwargs)
     with pytest.raises(RuntimeError):
         DistributedSampler(range(4), **kwargs)
@@ -257,7 +265,7 @@ def test_no_process_group(kwargs: dict[str, int]) -> None:
 def test_distributed_package_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch built without distributed support: torch raises RuntimeError, and so do we."""
     monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
-    with pytest.raises(RuntimeError, match=r"torch.distributed is not available"):
+    with pytest.raises(RuntimeError, match=r"Requires distributed package to be available"):
         DistributedSampler(range(4))
     with pytest.raises(RuntimeError):
         TorchDistributedSampler(range(4))

@@ -265,10 +265,12 @@ class LoaderIterator:
         if reported is not None and track.yielded > reported and not self._length_warned:
             self._length_warned = True
             warnings.warn(
-                f"len() of this DataLoader said {reported} batches (from len(dataset) of "
-                f"{type(self._plan.dataset).__name__}), but it has now yielded "
-                f"{track.yielded}. If the dataset runs in several workers, check that each "
-                "worker reads its own share of the stream (see ferry.get_worker_info).",
+                f"Length of IterableDataset {type(self._plan.dataset).__name__} was reported to "
+                f"be {reported} (when accessing len(dataloader)), but {track.yielded} samples "
+                f"have been fetched: this DataLoader has now yielded {track.yielded} batches, "
+                f"more than len(dataset) = {reported}. If the dataset runs in several workers, "
+                "check that each worker reads its own share of the stream (see "
+                "ferry.get_worker_info).",
                 UserWarning,
                 stacklevel=2,
             )
@@ -319,8 +321,9 @@ class InlineIterator(LoaderIterator):
     def __init__(self, plan: EpochPlan, resume: Cursor | None = None) -> None:
         if plan.timeout > 0:
             raise AssertionError(
-                f"timeout={plan.timeout} applies to waiting for workers and needs "
-                "num_workers > 0; with num_workers=0 leave timeout at 0"
+                "loading in the main process (num_workers=0) requires timeout == 0: timeout is "
+                f"how long to wait for a worker, got timeout={plan.timeout}; set num_workers > 0 "
+                "or leave timeout at 0"
             )
         super().__init__(plan, resume)
         self._allocator = plan.buffer_pool

@@ -1,0 +1,416 @@
+"""The DataLoader's errors and warnings keep torch's fixed phrases (see :mod:`compat.phrases`):
+option validation, ``len()``, the iterator, the CPU-count and length warnings, pinning, and
+the failures of worker processes (timeout, death, pickling, an exception in user code)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+
+from compat.helpers import stream_dataset
+from compat.phrases import Case, check, params
+from workers import datasets as ds
+
+pytestmark = pytest.mark.usefixtures("guard_global_state")
+
+DATA = list(range(6))
+
+
+def loader(module: Any, dataset: Any = None, **kwargs: Any) -> Any:
+    return module.DataLoader(DATA if dataset is None else dataset, **kwargs)
+
+
+def first_batch(module: Any, dataset: Any = None, **kwargs: Any) -> Any:
+    return next(iter(loader(module, dataset, **kwargs)))
+
+
+class NoLen:
+    """Map-style without a length."""
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def set_after_init(name: str, value: Any) -> Any:
+    def trigger(module: Any) -> None:
+        setattr(loader(module), name, value)
+
+    return trigger
+
+
+def more_batches_than_len(module: Any) -> None:
+    built = loader(module, stream_dataset(module, [0, 1, 2], length=2))
+    len(built)
+    list(built)
+
+
+@contextlib.contextmanager
+def cpus(affinity: set[int] | None, count: int | None) -> Iterator[None]:
+    """``os.sched_getaffinity`` answering ``affinity`` (absent when None), ``os.cpu_count``
+    answering ``count``."""
+    saved = os.sched_getaffinity
+    if affinity is None:
+        del os.sched_getaffinity
+    else:
+        os.sched_getaffinity = lambda pid: affinity
+    try:
+        with mock.patch.object(os, "cpu_count", return_value=count):
+            yield
+    finally:
+        os.sched_getaffinity = saved
+
+
+def too_many_workers(affinity: set[int] | None, count: int | None) -> Any:
+    def trigger(module: Any) -> None:
+        with cpus(affinity, count):
+            loader(module, num_workers=2)
+
+    return trigger
+
+
+def pickle_iterator(module: Any) -> None:
+    pickle.dumps(iter(loader(module)))
+
+
+def unpicklable_dataset(context: str) -> Any:
+    def trigger(module: Any) -> None:
+        first_batch(module, ds.HoldsLambda(4), num_workers=1, multiprocessing_context=context)
+
+    return trigger
+
+
+def warns_then_raises(trigger: Any) -> Any:
+    """``trigger`` warns, then raises: the warning is what is checked."""
+
+    def warn_only(module: Any) -> None:
+        with contextlib.suppress(Exception):
+            trigger(module)
+
+    return warn_only
+
+
+NO_ACCELERATOR = pytest.mark.skipif(
+    torch.accelerator.is_available(), reason="the warning is about a machine with no accelerator"
+)
+WORKERS = pytest.mark.timeout(60)
+
+
+OPTIONS = [
+    Case(
+        "num_workers_negative",
+        lambda m: loader(m, num_workers=-1),
+        ValueError,
+        (
+            "num_workers option should be non-negative; use num_workers=0 to disable "
+            "multiprocessing",
+        ),
+    ),
+    Case(
+        "timeout_negative",
+        lambda m: loader(m, timeout=-1),
+        ValueError,
+        ("timeout option should be non-negative",),
+    ),
+    Case(
+        "prefetch_factor_without_workers",
+        lambda m: loader(m, prefetch_factor=2),
+        ValueError,
+        ("prefetch_factor option could only be specified in multiprocessing",),
+    ),
+    Case(
+        "prefetch_factor_negative",
+        lambda m: loader(m, num_workers=1, prefetch_factor=-1),
+        ValueError,
+        ("prefetch_factor option should be non-negative",),
+    ),
+    Case(
+        "persistent_workers_without_workers",
+        lambda m: loader(m, persistent_workers=True),
+        ValueError,
+        ("persistent_workers option needs num_workers > 0",),
+    ),
+    Case(
+        "iterable_with_shuffle",
+        lambda m: loader(m, stream_dataset(m, DATA), shuffle=True),
+        ValueError,
+        (
+            "DataLoader with IterableDataset: expected unspecified shuffle option, "
+            "but got shuffle=True",
+        ),
+    ),
+    Case(
+        "iterable_with_sampler",
+        lambda m: loader(m, stream_dataset(m, DATA), sampler=[0, 1]),
+        ValueError,
+        (
+            r"DataLoader with IterableDataset: expected unspecified sampler option, "
+            r"but got sampler=\[0, 1\]",
+        ),
+    ),
+    Case(
+        "iterable_with_batch_sampler",
+        lambda m: loader(m, stream_dataset(m, DATA), batch_sampler=[[0, 1]]),
+        ValueError,
+        (
+            r"DataLoader with IterableDataset: expected unspecified batch_sampler option, "
+            r"but got batch_sampler=\[\[0, 1\]\]",
+        ),
+    ),
+    Case(
+        "batch_size_zero",
+        lambda m: loader(m, batch_size=0),
+        ValueError,
+        ("batch_size should be a positive integer value, but got batch_size=0",),
+    ),
+    Case(
+        "sampler_with_shuffle",
+        lambda m: loader(m, sampler=[0, 1], shuffle=True),
+        ValueError,
+        ("sampler option is mutually exclusive with shuffle",),
+    ),
+    *(
+        Case(
+            f"batch_sampler_with_{option}",
+            lambda m, kw=kwargs: loader(m, batch_sampler=[[0, 1]], **kw),
+            ValueError,
+            (
+                "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, "
+                "and drop_last",
+            ),
+        )
+        for option, kwargs in [
+            ("batch_size", {"batch_size": 2}),
+            ("shuffle", {"shuffle": True}),
+            ("sampler", {"sampler": [0, 1]}),
+            ("drop_last", {"drop_last": True}),
+        ]
+    ),
+    Case(
+        "batch_size_none_with_drop_last",
+        lambda m: loader(m, batch_size=None, drop_last=True),
+        ValueError,
+        ("batch_size=None option disables auto-batching and is mutually exclusive with drop_last",),
+    ),
+    Case(
+        "multiprocessing_context_without_workers",
+        lambda m: loader(m, multiprocessing_context="fork"),
+        ValueError,
+        (
+            r"multiprocessing_context can only be used with multi-process loading "
+            r"\(num_workers > 0\), but got num_workers=0",
+        ),
+    ),
+    Case(
+        "multiprocessing_context_unknown_method",
+        lambda m: loader(m, num_workers=1, multiprocessing_context="bogus"),
+        ValueError,
+        (
+            r"multiprocessing_context option should specify a valid start method in "
+            r"\[[^]]*'fork'[^]]*\], but got multiprocessing_context='bogus'",
+        ),
+    ),
+    Case(
+        "multiprocessing_context_wrong_type",
+        lambda m: loader(m, num_workers=1, multiprocessing_context=5),
+        TypeError,
+        (
+            "multiprocessing_context option should be a valid context object or a string "
+            "specifying the start method, but got multiprocessing_context=5",
+        ),
+    ),
+    *(
+        Case(
+            f"set_{name}_after_init",
+            set_after_init(name, value),
+            ValueError,
+            (f"{name} attribute should not be set after DataLoader is initialized",),
+        )
+        for name, value in [
+            ("batch_size", 2),
+            ("batch_sampler", None),
+            ("sampler", None),
+            ("drop_last", True),
+            ("dataset", []),
+            ("persistent_workers", True),
+        ]
+    ),
+]
+
+ITERATION = [
+    Case(
+        "len_of_stream_without_len",
+        lambda m: len(loader(m, stream_dataset(m, DATA))),
+        TypeError,
+        (r"object of type 'Stream' has no len\(\)",),
+    ),
+    Case(
+        "len_of_map_dataset_without_len",
+        lambda m: len(loader(m, NoLen())),
+        TypeError,
+        (r"object of type 'NoLen' has no len\(\)",),
+    ),
+    Case(
+        "timeout_without_workers",
+        lambda m: first_batch(m, timeout=1),
+        AssertionError,
+        ("requires timeout == 0",),
+    ),
+    Case(
+        "prefetch_factor_zero_with_workers",
+        lambda m: first_batch(m, num_workers=1, prefetch_factor=0),
+        AssertionError,
+        ("prefetch_factor must be greater than 0",),
+        # torch's half-built iterator fails in __del__ (it has no _shutdown attribute yet).
+        marks=[pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")],
+    ),
+    Case(
+        "pickle_an_iterator",
+        pickle_iterator,
+        NotImplementedError,
+        ("cannot be pickled",),
+    ),
+]
+
+WARNINGS = [
+    Case(
+        "more_batches_than_len",
+        more_batches_than_len,
+        UserWarning,
+        (
+            "Length of IterableDataset .* was reported to be 2",
+            "but 3 samples have been fetched",
+        ),
+    ),
+    Case(
+        "too_many_workers_for_the_affinity",
+        too_many_workers({0}, 8),
+        UserWarning,
+        (
+            "This DataLoader will create 2 worker processes in total",
+            "Our suggested max number of worker in current system is 1, which is smaller than "
+            "what this DataLoader is going to create",
+        ),
+    ),
+    Case(
+        "too_many_workers_for_the_cpu_count",
+        too_many_workers(None, 1),
+        UserWarning,
+        (
+            "This DataLoader will create 2 worker processes in total",
+            r"Our suggested max number of worker in current system is 1 \(`cpuset` is not taken "
+            r"into account\), which is smaller than what this DataLoader is going to create",
+        ),
+    ),
+    Case(
+        "unknown_cpu_count",
+        too_many_workers(None, None),
+        UserWarning,
+        (
+            "This DataLoader will create 2 worker processes in total",
+            "DataLoader is not able to compute a suggested max number of worker in current system",
+        ),
+    ),
+    Case(
+        "pin_memory_without_accelerator",
+        lambda m: first_batch(m, pin_memory=True),
+        UserWarning,
+        ("'pin_memory' argument is set as true but no accelerator is found",),
+        marks=[NO_ACCELERATOR],
+    ),
+    Case(
+        "pin_memory_device_deprecated",
+        lambda m: first_batch(m, pin_memory=True, pin_memory_device="cuda"),
+        UserWarning,
+        ("pin_memory_device is deprecated, the current accelerator will be used as the device",),
+    ),
+]
+
+WORKER_FAILURES = [
+    Case(
+        "worker_timeout",
+        lambda m: first_batch(
+            m, ds.Slow(2, 3.0), num_workers=1, timeout=1, multiprocessing_context="fork"
+        ),
+        RuntimeError,
+        ("DataLoader timed out after 1 seconds",),
+        marks=[WORKERS],
+    ),
+    *(
+        Case(
+            f"worker_{how}",
+            lambda m, how=how: first_batch(
+                m, ds.DieAt(4, 0, how), num_workers=1, multiprocessing_context="fork"
+            ),
+            RuntimeError,
+            (r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly",),
+            marks=[WORKERS],
+        )
+        for how in ("kill", "exit")
+    ),
+    *(
+        Case(
+            f"unpicklable_dataset_{context}",
+            unpicklable_dataset(context),
+            AttributeError,
+            (r"Can't pickle local object 'HoldsLambda.__init__.<locals>.<lambda>'",),
+            marks=[WORKERS],
+        )
+        for context in ("spawn", "forkserver")
+    ),
+    *(
+        Case(
+            f"unpicklable_dataset_{context}_warning",
+            warns_then_raises(unpicklable_dataset(context)),
+            UserWarning,
+            ("Got pickle error when attempting to start a worker Process",),
+            marks=[WORKERS],
+        )
+        for context in ("spawn", "forkserver")
+    ),
+    Case(
+        "exception_in_worker",
+        lambda m: list(loader(m, ds.FailAt(4, 1), num_workers=1, multiprocessing_context="fork")),
+        ds.Boom,
+        ("boom at index 1",),
+        marks=[WORKERS],
+    ),
+    # torch replaces the worker's exception by a new one whose message starts "Caught Boom in
+    # DataLoader worker process 0"; ferry raises the original object (its arguments and
+    # attributes intact) and puts that phrase in its first note, which pytest.raises(match=)
+    # searches too. See ferry/errors.py.
+    Case(
+        "exception_in_worker_caught_phrase",
+        lambda m: list(loader(m, ds.FailAt(4, 1), num_workers=1, multiprocessing_context="fork")),
+        ds.Boom,
+        ("Caught Boom in DataLoader worker process 0",),
+        marks=[WORKERS],
+        with_notes=True,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", params(OPTIONS))
+def test_option_errors(case: Case) -> None:
+    check(case)
+
+
+@pytest.mark.parametrize("case", params(ITERATION))
+def test_iteration_errors(case: Case) -> None:
+    check(case)
+
+
+@pytest.mark.parametrize("case", params(WARNINGS))
+def test_warnings(case: Case) -> None:
+    check(case)
+
+
+@pytest.mark.parametrize("case", params(WORKER_FAILURES))
+def test_worker_failures(case: Case) -> None:
+    check(case)
