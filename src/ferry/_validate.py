@@ -6,8 +6,10 @@ caller) with a message that names the option, what was expected and what was got
 
 from __future__ import annotations
 
+import multiprocessing
 import operator
 import os
+from multiprocessing.context import BaseContext
 
 
 def _got(value: object) -> str:
@@ -81,3 +83,31 @@ def pin_device_deprecated(device: str) -> str:
         f"torch's DataLoader; ferry still passes pin_memory_device={device!r} to "
         "Tensor.pin_memory for now. Leave it unset to pin for the current accelerator."
     )
+
+
+def as_context(context: str | BaseContext | None, num_workers: int) -> BaseContext | None:
+    """The ``multiprocessing_context`` option as a context object (None: the default)."""
+    if context is None:
+        return None
+    if num_workers == 0:
+        raise ValueError(
+            "multiprocessing_context can only be used with multi-process loading "
+            f"(num_workers > 0), but got num_workers={num_workers}; it chooses how "
+            "worker processes start"
+        )
+    if isinstance(context, str):
+        methods = multiprocessing.get_all_start_methods()
+        if context not in methods:
+            raise ValueError(
+                "multiprocessing_context option should specify a valid start method in "
+                f"{methods!r}, but got multiprocessing_context={context!r}"
+            )
+        context = multiprocessing.get_context(context)
+    if not isinstance(context, BaseContext):
+        raise TypeError(
+            "multiprocessing_context option should be a valid context object or a string "
+            f"specifying the start method, but got multiprocessing_context={context} "
+            f"({type(context).__name__}); pass a start method name or "
+            "multiprocessing.get_context(name)"
+        )
+    return context

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import math
-import multiprocessing
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -25,10 +24,11 @@ from ferry._engine.pin import accelerator_available
 from ferry._engine.plan import EpochPlan
 from ferry._engine.resume import fit_workers, identity_of, warn_replay
 from ferry._torch_types import TorchDataLoader
-from ferry._validate import as_int, pin_device_deprecated, too_many_workers
+from ferry._validate import as_context, as_int, pin_device_deprecated, too_many_workers
 from ferry.collate import default_collate, default_convert
 from ferry.datasets import is_iterable_style
 from ferry.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from ferry.stats import LoaderStats, StatsRecorder
 
 __all__ = ["DataLoader"]
 
@@ -261,29 +261,7 @@ class DataLoader(TorchDataLoader[T_co]):
 
     @multiprocessing_context.setter
     def multiprocessing_context(self, context: str | BaseContext | None) -> None:
-        if context is not None:
-            if self.num_workers == 0:
-                raise ValueError(
-                    "multiprocessing_context can only be used with multi-process loading "
-                    f"(num_workers > 0), but got num_workers={self.num_workers}; it chooses how "
-                    "worker processes start"
-                )
-            if isinstance(context, str):
-                methods = multiprocessing.get_all_start_methods()
-                if context not in methods:
-                    raise ValueError(
-                        "multiprocessing_context option should specify a valid start method in "
-                        f"{methods!r}, but got multiprocessing_context={context!r}"
-                    )
-                context = multiprocessing.get_context(context)
-            if not isinstance(context, BaseContext):
-                raise TypeError(
-                    "multiprocessing_context option should be a valid context object or a string "
-                    f"specifying the start method, but got multiprocessing_context={context} "
-                    f"({type(context).__name__}); pass a start method name or "
-                    "multiprocessing.get_context(name)"
-                )
-        self.__multiprocessing_context: BaseContext | None = context
+        self.__multiprocessing_context: BaseContext | None = as_context(context, self.num_workers)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__initialized and name in _FROZEN_AFTER_INIT:
@@ -319,6 +297,14 @@ class DataLoader(TorchDataLoader[T_co]):
             assert self._live_iterator is not None
             return self._live_iterator
         return self._make_iterator()
+
+    def stats(self) -> LoaderStats:
+        """Where the time of the epoch in progress (or the last one) went, per stage and per
+        worker: a :class:`ferry.stats.LoaderStats`; ``print()`` it, or log ``.as_dict()``."""
+        engine = "inline" if self.num_workers == 0 else self.worker_type
+        track = self._last_track
+        recorder = track.stats if track is not None else StatsRecorder(max(self.num_workers, 1))
+        return recorder.result(engine)
 
     # -- resume --------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ batch:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -35,7 +36,14 @@ def one_call_gather(
 
 
 class MapFetcher:
-    """Fetches batches of a map-style dataset by key."""
+    """Fetches batches of a map-style dataset by key.
+
+    After each fetch, ``fetch_s`` and ``collate_s`` hold the seconds it spent in the dataset
+    and in ``collate_fn`` (for the statistics, :mod:`ferry.stats`).
+    """
+
+    fetch_s = 0.0
+    collate_s = 0.0
 
     def __init__(self, dataset: Any, auto_collation: bool, collate_fn: Callable[..., Any]) -> None:
         self.dataset = dataset
@@ -45,15 +53,22 @@ class MapFetcher:
         self.gather = one_call_gather(dataset, auto_collation, collate_fn)
 
     def fetch(self, key: Any) -> Any:
+        start = perf_counter()
         if not self.auto_collation:
-            return self.collate_fn(self.dataset[key])
-        if isinstance(key, torch.Tensor) and self.gather is not None:
+            samples = self.dataset[key]
+        elif isinstance(key, torch.Tensor) and self.gather is not None:
             # Already the collated batch: the columns of the rows at these indices.
-            return list(self.gather(key))
-        samples = fetch_many(self.dataset, key)
-        if type(samples) is RowBatch and not self._default:
-            samples = list(samples)  # a user's collate_fn gets the plain list torch would give
-        return self.collate_fn(samples)
+            batch = list(self.gather(key))
+            self.fetch_s, self.collate_s = perf_counter() - start, 0.0
+            return batch
+        else:
+            samples = fetch_many(self.dataset, key)
+            if type(samples) is RowBatch and not self._default:
+                samples = list(samples)  # a user's collate_fn gets the plain list torch gives
+        fetched = perf_counter()
+        batch = self.collate_fn(samples)
+        self.fetch_s, self.collate_s = fetched - start, perf_counter() - fetched
+        return batch
 
 
 class IterableFetcher:
@@ -61,8 +76,12 @@ class IterableFetcher:
 
     The stream is opened when the fetcher is made (as torch opens it when the iterator is
     made). A short last batch is dropped when ``drop_last``; once the stream has ended every
-    later fetch raises StopIteration without touching it.
+    later fetch raises StopIteration without touching it. ``fetch_s`` and ``collate_s`` as for
+    :class:`MapFetcher`.
     """
+
+    fetch_s = 0.0
+    collate_s = 0.0
 
     def __init__(
         self, dataset: Any, auto_collation: bool, collate_fn: Callable[..., Any], drop_last: bool
@@ -78,6 +97,7 @@ class IterableFetcher:
     def fetch(self, count: int | None) -> Any:
         if self._ended:
             raise StopIteration
+        start = perf_counter()
         if not self.auto_collation:
             try:
                 sample = next(self.stream)
@@ -85,7 +105,10 @@ class IterableFetcher:
                 self._ended = True
                 raise
             self.items += 1
-            return self.collate_fn(sample)
+            fetched = perf_counter()
+            batch = self.collate_fn(sample)
+            self.fetch_s, self.collate_s = fetched - start, perf_counter() - fetched
+            return batch
         assert count is not None
         samples = []
         for _ in range(count):
@@ -97,7 +120,10 @@ class IterableFetcher:
         self.items += len(samples)
         if not samples or (self.drop_last and len(samples) < count):
             raise StopIteration
-        return self.collate_fn(samples)
+        fetched = perf_counter()
+        batch = self.collate_fn(samples)
+        self.fetch_s, self.collate_s = fetched - start, perf_counter() - fetched
+        return batch
 
     def drop(self, count: int) -> None:
         """Read and drop ``count`` samples (a resume of a stream that has no state)."""

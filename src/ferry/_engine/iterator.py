@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
+from time import perf_counter
 from typing import Any, NamedTuple
 
 import torch
@@ -32,6 +33,7 @@ from ferry._engine.pin import pin_batch
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position import PositionKeeper
 from ferry._engine.rng import generator_state, set_generator_state
+from ferry.stats import StatsRecorder
 
 __all__ = [
     "Delivery",
@@ -78,6 +80,8 @@ class EpochTrack:
         self.loaded: Cursor | None = None  # the cursor this epoch was resumed from
         self.yielded = 0  # batches handed out by this iterator in this epoch
         self.finished = False  # StopIteration was raised
+        # Where the epoch's time goes (ferry.stats), kept beside the cursor.
+        self.stats = StatsRecorder(max(plan.num_workers, 1))
 
     def delivered(self, number: int, worker_id: int, worker: WorkerCursor | None) -> None:
         """The user now has batch ``number`` (made by ``worker_id``, which then stood at
@@ -250,13 +254,21 @@ class LoaderIterator:
 
     def __next__(self) -> Any:
         track = self._track
+        asked = perf_counter()
         try:
             batch, number, worker_id, worker = self._next_batch()
         except StopIteration:
             if not self._resumed_at_stream_end():
                 track.finished = True
+                track.stats.ended = perf_counter()
+                track.stats.wait += track.stats.ended - asked
                 raise
+            track = self._track  # the next epoch's
             batch, number, worker_id, worker = self._next_batch()
+        stats = track.stats
+        got = perf_counter()
+        stats.wait += got - asked
+        stats.batches += 1
         # The one place the position moves: the batch is now the user's.
         track.delivered(number, worker_id, worker)
         track.yielded += 1
@@ -276,6 +288,7 @@ class LoaderIterator:
             )
         if self._plan.pin:
             batch = pin_batch(batch, self._plan.pin_memory_device)
+            stats.pin += perf_counter() - got
         return batch
 
     def _next_batch(self) -> Delivery:
@@ -345,9 +358,16 @@ class InlineIterator(LoaderIterator):
         self._fetcher = self._keeper.open(self._make_fetcher, None)
 
     def _next_batch(self) -> Delivery:
+        stats = self._track.stats
+        start = perf_counter()
         number, key = next(self._track.keys)
+        stats.sampler += perf_counter() - start
+        fetcher = self._fetcher
         with using_allocator(self._allocator):
-            batch = self._fetcher.fetch(key)
+            batch = fetcher.fetch(key)
+        stats.waited += 1  # made on demand: never ready before it is asked
+        stats.fetch += fetcher.fetch_s
+        stats.collate += fetcher.collate_s
         keeper = self._keeper
         report = keeper.after_batch(self._fetcher) if keeper.reports else None
         if report is None:

@@ -100,6 +100,8 @@ class Done:
     payload: Any
     slabs: tuple[int, ...] = ()
     report: Any = None
+    # (fetch s, collate s, hand-off s, hand-off bytes) of this batch in the worker (ferry.stats)
+    timing: tuple[float, float, float, int] = (0.0, 0.0, 0.0, 0)
 
 
 @dataclass(frozen=True)

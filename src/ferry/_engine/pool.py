@@ -163,11 +163,15 @@ class WorkerIterator(LoaderIterator):
         """Hand the next key of the epoch to a worker, if there is a key and a free worker."""
         if self._keys_done or not any(self._active):
             return
+        stats = self._track.stats
+        start = time.perf_counter()
         try:
             number, key = next(self._track.keys)
         except StopIteration:
             self._keys_done = True
             return
+        finally:
+            stats.sampler += time.perf_counter() - start
         worker_id = self._pick_worker()
         worker = self._workers[worker_id]
         task = self._epoch_base + number
@@ -216,17 +220,31 @@ class WorkerIterator(LoaderIterator):
 
     def _next_result(self) -> Delivery:
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        stats = self._track.stats
+        waited = False
         while True:
             task = self._skip_to_next_task()
             if task is None:
                 raise StopIteration
             if task.arrived:
-                return self._deliver(self._next_yield)
-            self._handle(*self._receive(deadline))
+                break
+            # Messages already there are read first: only a batch that was not made yet when
+            # the loop asked counts as waited for.
+            got = None if waited else self._poll(0.0)
+            if got is None:
+                waited = True
+                got = self._receive(deadline)
+            self._handle(*got)
             if not self._in_order:
                 ready = next((t for t, s in self._tasks.items() if s.arrived), None)
                 if ready is not None:
+                    stats.waited += 1
                     return self._deliver(ready)
+        if waited:
+            stats.waited += 1
+        else:
+            stats.ready += 1
+        return self._deliver(self._next_yield)
 
     def _skip_to_next_task(self) -> _Task | None:
         """The task to yield next; skips tasks already yielded (out of order) and tasks of
@@ -298,7 +316,11 @@ class WorkerIterator(LoaderIterator):
                 if report is not None:
                     self._latest[worker_id] = report.resolve(self._latest[worker_id])
                 task.position = self._latest[worker_id]
+                stats = self._track.stats
+                stats.worker_made(worker_id, *message.timing)
+                decoding = time.perf_counter()
                 task.result = self._channel.batch(worker_id, message)
+                stats.hand_off += time.perf_counter() - decoding
             case _:
                 assert_never(message)
 
@@ -321,19 +343,23 @@ class WorkerIterator(LoaderIterator):
             )
             if left <= 0:
                 raise self._timeout_error()
-            try:
-                got = self._channel.receive(left, self._in_flight)
-            except WorkerGone as gone:
-                raise self._died(gone.worker) from None
-            except DescriptorLimitReached as exc:
-                # Out of descriptors in this process, a slab was lost on its way: the worker's
-                # later batches may refer to it, so the iterator cannot go on. (The same error
-                # raised in a worker fails only its batch: that worker lives on.)
-                self._fatal = exc
-                self._finalizer()
-                raise
+            got = self._poll(left)
             if got is not None:
                 return got
+
+    def _poll(self, wait_for: float) -> tuple[int, WorkerMessage] | None:
+        """A message from any worker within ``wait_for`` seconds (0: one already there)."""
+        try:
+            return self._channel.receive(wait_for, self._in_flight)
+        except WorkerGone as gone:
+            raise self._died(gone.worker) from None
+        except DescriptorLimitReached as exc:
+            # Out of descriptors in this process, a slab was lost on its way: the worker's
+            # later batches may refer to it, so the iterator cannot go on. (The same error
+            # raised in a worker fails only its batch: that worker lives on.)
+            self._fatal = exc
+            self._finalizer()
+            raise
 
     def _in_flight_of(self, worker_id: int) -> str:
         """What ``worker_id`` was making: each distinct key once, with a count if repeated

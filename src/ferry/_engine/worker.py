@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -173,9 +174,13 @@ def run_worker_loop(
                 batch = fetcher.fetch(IndexTensor.unpack(message.key))
             report = keeper.after_batch(fetcher) if keeper.reports else None
             if slabs is None:
-                send(Done(message.task, batch, report=report))
+                timing = (fetcher.fetch_s, fetcher.collate_s, 0.0, 0)
+                send(Done(message.task, batch, report=report, timing=timing))
                 continue
+            encoding = perf_counter()
             payload, used = encode_batch(batch, slabs)
+            nbytes = len(payload) + sum(slab.used for slab in used)
+            timing = (fetcher.fetch_s, fetcher.collate_s, perf_counter() - encoding, nbytes)
         except Exception as exc:
             if slabs is not None:
                 slabs.abandon()
@@ -194,7 +199,7 @@ def run_worker_loop(
                     send_slab(slab.fd)
                 slab.shared()
                 slab.announced = True
-        send(Done(message.task, payload, tuple(s.id for s in used), report))
+        send(Done(message.task, payload, tuple(s.id for s in used), report, timing))
 
 
 def _watch_parent(

@@ -1,0 +1,186 @@
+"""Where a loader's time goes: per-stage statistics of an epoch, always on.
+
+``loader.stats()`` returns a :class:`LoaderStats` for the epoch in progress, or the last one.
+Its ``str()`` is a table; :meth:`LoaderStats.as_dict` is plain data for loggers::
+
+    >>> for batch in loader:
+    ...     train(batch)
+    >>> print(loader.stats())
+    >>> trainer.logger.log_metrics(loader.stats().as_dict()["stages_s"])
+
+Stages, in seconds summed over the epoch:
+
+* ``sampler``: drawing batch keys from the sampler (main process).
+* ``fetch``: ``__getitem__`` / ``__getitems__`` (or reading a stream) where the batch is made.
+* ``collate``: ``collate_fn`` where the batch is made.
+* ``hand_off``: moving a batch from a worker process to the main process (pickling in the
+  worker, unpickling onto shared memory in the main process); zero for threads and inline.
+* ``wait``: the training loop blocked in ``next()``. With ``num_workers=0`` it contains fetch
+  and collate; with workers it is the time the loader was behind.
+* ``pin``: copying batches to pinned memory (main process).
+
+Workers run in parallel, so the stage times of workers can add up to more than the wall time;
+each worker's busy time (fetch, collate and its part of the hand-off) is at most the wall time.
+``ready`` counts the batches that were already waiting when the loop asked (the loader is
+ahead); ``waited`` the others (the loader is the bottleneck).
+
+Recording costs a few clock reads per batch (measured in BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from time import perf_counter
+from typing import Any
+
+__all__ = ["LoaderStats", "WorkerStats"]
+
+_STAGES = ("sampler", "fetch", "collate", "hand_off", "wait", "pin")
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One worker's share of an epoch."""
+
+    worker_id: int
+    batches: int
+    busy_s: float
+    busy_fraction: float  # busy_s / the epoch's wall time
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """Statistics of one epoch of a loader (see the module docstring)."""
+
+    engine: str  # "inline", "thread" or "process"
+    num_workers: int
+    batches: int
+    wall_s: float  # from iter() to the last batch handed out (or now, mid-epoch)
+    sampler_s: float
+    fetch_s: float
+    collate_s: float
+    hand_off_s: float
+    wait_s: float
+    pin_s: float
+    ready: int
+    waited: int
+    hand_off_bytes: int
+    workers: tuple[WorkerStats, ...]
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.batches / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def bottleneck(self) -> str:
+        """ "loader" when the training loop waits for most batches, else "training loop"."""
+        if not self.batches:
+            return "unknown"
+        return "loader" if self.waited > self.ready else "training loop"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (numbers, strings, lists, dicts) for loggers."""
+        plain = asdict(self)
+        plain["stages_s"] = {stage: plain.pop(f"{stage}_s") for stage in _STAGES}
+        plain["batches_per_s"] = self.batches_per_s
+        plain["bottleneck"] = self.bottleneck
+        plain["workers"] = [dict(w) for w in plain["workers"]]
+        return plain
+
+    def __str__(self) -> str:
+        per = 1000 / self.batches if self.batches else 0.0
+        where = {
+            "sampler": "main",
+            "fetch": "main" if self.engine == "inline" else "workers",
+            "collate": "main" if self.engine == "inline" else "workers",
+            "hand_off": "both",
+            "wait": "main",
+            "pin": "main",
+        }
+        lines = [
+            f"ferry DataLoader, {self.engine} engine, {self.num_workers} workers: "
+            f"{self.batches} batches in {self.wall_s:.3f} s ({self.batches_per_s:.1f} batches/s)",
+            f"  {'stage':<10}{'where':<9}{'total s':>10}{'ms/batch':>10}{'% of wall':>11}",
+        ]
+        for stage in _STAGES:
+            total = getattr(self, f"{stage}_s")
+            share = 100 * total / self.wall_s if self.wall_s > 0 else 0.0
+            lines.append(
+                f"  {stage:<10}{where[stage]:<9}{total:>10.3f}{total * per:>10.2f}{share:>10.0f}%"
+            )
+        for worker in self.workers:
+            lines.append(
+                f"  worker {worker.worker_id}: {worker.batches} batches, busy "
+                f"{100 * worker.busy_fraction:.0f}% ({worker.busy_s:.3f} s)"
+            )
+        lines.append(
+            f"  next() found the batch ready {self.ready} times and waited {self.waited} times: "
+            f"the bottleneck is the {self.bottleneck}"
+        )
+        if self.hand_off_bytes:
+            lines.append(f"  hand-off moved {self.hand_off_bytes / 2**20:.1f} MiB")
+        return "\n".join(lines)
+
+
+class StatsRecorder:
+    """The running figures of one epoch (internal: engines add to it, the loader reads it)."""
+
+    __slots__ = (
+        "batches",
+        "busy",
+        "collate",
+        "ended",
+        "fetch",
+        "hand_off",
+        "hand_off_bytes",
+        "made",
+        "pin",
+        "ready",
+        "sampler",
+        "started",
+        "wait",
+        "waited",
+    )
+
+    def __init__(self, num_workers: int) -> None:
+        self.started = perf_counter()
+        self.ended: float | None = None
+        self.batches = self.ready = self.waited = self.hand_off_bytes = 0
+        self.sampler = self.fetch = self.collate = self.hand_off = self.wait = self.pin = 0.0
+        self.busy = [0.0] * num_workers
+        self.made = [0] * num_workers
+
+    def worker_made(
+        self, worker_id: int, fetch: float, collate: float, encode: float, nbytes: int
+    ) -> None:
+        """A worker's figures for one batch it made."""
+        self.fetch += fetch
+        self.collate += collate
+        self.hand_off += encode
+        self.hand_off_bytes += nbytes
+        self.busy[worker_id] += fetch + collate + encode
+        self.made[worker_id] += 1
+
+    def result(self, engine: str) -> LoaderStats:
+        end = self.ended if self.ended is not None else perf_counter()
+        wall = max(end - self.started, 1e-9)
+        workers = tuple(
+            WorkerStats(i, made, busy, min(busy / wall, 1.0))
+            for i, (made, busy) in enumerate(zip(self.made, self.busy, strict=True))
+        )
+        return LoaderStats(
+            engine=engine,
+            num_workers=len(self.busy) if engine != "inline" else 0,
+            batches=self.batches,
+            wall_s=wall,
+            sampler_s=self.sampler,
+            fetch_s=self.fetch,
+            collate_s=self.collate,
+            hand_off_s=self.hand_off,
+            wait_s=self.wait,
+            pin_s=self.pin,
+            ready=self.ready,
+            waited=self.waited,
+            hand_off_bytes=self.hand_off_bytes,
+            workers=workers if engine != "inline" else (),
+        )

@@ -1,0 +1,171 @@
+"""``loader.stats()``: per-stage figures that add up, for every engine (issue 10, statistics).
+
+No timing is asserted against a threshold of speed: the checks are that the figures are
+consistent (stage times within the wall time, counts equal to batches) and that a stage made
+deliberately slow shows up in that stage.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import torch
+
+import ferry
+from ferry.stats import LoaderStats
+from workers.support import FAST, Kind
+
+ENGINES = ("inline", *FAST)
+
+
+class SlowFetch(ferry.Dataset[torch.Tensor]):
+    """Each sample takes ``delay`` seconds to fetch."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(self.delay)
+        return torch.full((64,), index)
+
+
+def slow_collate(samples: list[torch.Tensor]) -> torch.Tensor:
+    time.sleep(0.01)
+    return torch.stack(samples)
+
+
+class Stream(ferry.IterableDataset[torch.Tensor]):
+    def __iter__(self) -> Any:
+        info = ferry.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return (torch.full((8,), i) for i in range(start, 40, step))
+
+
+def options(engine: str) -> dict[str, Any]:
+    if engine == "inline":
+        return {"num_workers": 0}
+    return {"num_workers": 2, **Kind(engine).kwargs}
+
+
+def consistent(stats: LoaderStats, batches: int, *, ended: bool = True) -> None:
+    """Figures that must hold; ``ended``: the epoch is over (every batch made was delivered)."""
+    assert stats.batches == batches
+    assert stats.ready + stats.waited == batches
+    for stage in ("sampler", "fetch", "collate", "hand_off", "wait", "pin"):
+        assert getattr(stats, f"{stage}_s") >= 0
+    # What the training loop's thread does is within the wall time.
+    assert stats.wait_s + stats.pin_s <= stats.wall_s
+    if stats.engine == "inline":
+        assert stats.workers == ()
+        assert stats.fetch_s + stats.collate_s + stats.sampler_s <= stats.wall_s
+        assert stats.hand_off_bytes == 0
+    else:
+        made = sum(w.batches for w in stats.workers)
+        # Workers make batches ahead of the loop (prefetch_factor 2 per worker).
+        assert made == batches if ended else batches <= made <= batches + 2 * len(stats.workers)
+        for worker in stats.workers:
+            assert 0 <= worker.busy_fraction <= 1
+            assert worker.busy_s <= stats.wall_s
+        assert stats.fetch_s + stats.collate_s <= stats.wall_s * len(stats.workers)
+    if stats.engine == "thread":
+        assert stats.hand_off_bytes == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_figures_add_up(engine: str) -> None:
+    loader = ferry.DataLoader(SlowFetch(48, 0.002), batch_size=4, **options(engine))
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    consistent(stats, 12)
+    # 48 fetches of 2 ms each: the fetch stage holds them.
+    assert stats.fetch_s >= 48 * 0.002
+    assert stats.engine == (
+        "inline" if engine == "inline" else Kind(engine).kwargs.get("worker_type", "process")
+    )
+    if engine == "fork":
+        assert stats.hand_off_bytes >= 48 * 64 * 8  # the tensors' bytes crossed over
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_slow_collate_is_collate(engine: str) -> None:
+    loader = ferry.DataLoader(
+        SlowFetch(16, 0.0), batch_size=4, collate_fn=slow_collate, **options(engine)
+    )
+    assert len(list(loader)) == 4
+    stats = loader.stats()
+    consistent(stats, 4)
+    assert stats.collate_s >= 4 * 0.01
+    assert stats.collate_s > stats.fetch_s
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_stream(engine: str) -> None:
+    loader = ferry.DataLoader(Stream(), batch_size=5, **options(engine))
+    batches = list(loader)
+    consistent(loader.stats(), len(batches))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine", FAST)
+def test_slow_training_loop_finds_batches_ready(engine: str) -> None:
+    """A loop slower than the loader finds its batches waiting: the loader is ahead."""
+    loader = ferry.DataLoader(SlowFetch(32, 0.0), batch_size=2, **options(engine))
+    for _ in loader:
+        time.sleep(0.01)
+    stats = loader.stats()
+    consistent(stats, 16)
+    assert stats.ready > stats.waited
+    assert stats.bottleneck == "training loop"
+
+
+@pytest.mark.timeout(60)
+def test_slow_loader_is_the_bottleneck() -> None:
+    loader = ferry.DataLoader(SlowFetch(16, 0.005), batch_size=2, num_workers=1)
+    assert len(list(loader)) == 8
+    stats = loader.stats()
+    assert stats.bottleneck == "loader"
+    assert "the bottleneck is the loader" in str(stats)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine", FAST)
+def test_mid_epoch_then_next_epoch(engine: str) -> None:
+    """stats() answers mid-epoch (the epoch so far), and each epoch starts from zero."""
+    loader = ferry.DataLoader(
+        SlowFetch(20, 0.0), batch_size=2, persistent_workers=True, **options(engine)
+    )
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    consistent(loader.stats(), 3, ended=False)
+    for _ in iterator:
+        pass
+    consistent(loader.stats(), 10)
+    assert len(list(loader)) == 10
+    consistent(loader.stats(), 10)
+
+
+@pytest.mark.timeout(60)
+def test_before_any_epoch_and_plain_data() -> None:
+    loader = ferry.DataLoader(SlowFetch(4, 0.0), batch_size=2)
+    empty = loader.stats()
+    assert empty.batches == 0
+    assert empty.bottleneck == "unknown"
+    list(loader)
+    plain = loader.stats().as_dict()
+    assert json.loads(json.dumps(plain)) == plain
+    assert set(plain["stages_s"]) == {"sampler", "fetch", "collate", "hand_off", "wait", "pin"}
+    assert plain["batches"] == 2
+    table = str(loader.stats())
+    for stage in plain["stages_s"]:
+        assert stage in table
