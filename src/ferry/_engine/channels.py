@@ -16,12 +16,14 @@ inside) or None when ``wait_for`` passed; a worker found dead raises :class:`Wor
 
 from __future__ import annotations
 
+import math
 import pickle
 import queue
+import select
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from multiprocessing.connection import Connection, wait
-from typing import Any
+from multiprocessing.connection import wait
+from typing import Any, cast
 
 from ferry._engine.group import WorkerGroup, WorkerHandle
 from ferry._engine.messages import Done, Exhausted, Failed, Fetch, IndexTensor, NewSlab, Ready
@@ -80,27 +82,40 @@ class Channel(ABC):
 class ProcessChannel(Channel):
     def __init__(self, group: WorkerGroup) -> None:
         super().__init__(group)
-        # Every pipe and every sentinel, fixed once the workers have started (built once).
-        self._by_handle: dict[Any, WorkerHandle] = {}
+        # Every pipe and every sentinel, fixed once the workers have started: registered once
+        # in a poll object (multiprocessing's wait() builds a selector on every call, which
+        # costs tens of microseconds a batch).
+        self._pipes: dict[int, WorkerHandle] = {}
+        self._sentinels: dict[int, WorkerHandle] = {}
         for worker in self.workers:
             if worker.conn is not None and worker.process is not None:
-                self._by_handle[worker.conn] = worker
-                self._by_handle[worker.process.sentinel] = worker
-        self._waitables = list(self._by_handle)
+                self._pipes[worker.conn.fileno()] = worker
+                self._sentinels[worker.process.sentinel] = worker
+        self._poller = select.poll() if hasattr(select, "poll") else None
+        if self._poller is not None:
+            for fd in (*self._pipes, *self._sentinels):
+                self._poller.register(fd, select.POLLIN)
 
     def _pack(self, key: Any) -> Any:
         return IndexTensor.pack(key)
 
+    def _ready(self, wait_for: float) -> list[int]:
+        if self._poller is not None:
+            return [fd for fd, _ in self._poller.poll(math.ceil(wait_for * 1000))]
+        # No poll() (Windows): multiprocessing's wait takes descriptors as they are.
+        ready = wait([*self._pipes, *self._sentinels], wait_for)
+        return [cast(int, fd) for fd in ready]
+
     def receive(
         self, wait_for: float, in_flight: Sequence[int]
     ) -> tuple[int, WorkerMessage] | None:
-        ready = wait(self._waitables, timeout=wait_for)
-        for handle in ready:
-            if isinstance(handle, Connection):
-                worker = self._by_handle[handle]
+        ready = self._ready(wait_for)
+        for fd in ready:
+            worker = self._pipes.get(fd)
+            if worker is not None:
                 return worker.worker_id, self._read(worker)
-        for handle in ready:
-            worker = self._by_handle[handle]
+        for fd in ready:
+            worker = self._sentinels[fd]
             assert worker.conn is not None
             if worker.conn.poll(0):
                 return worker.worker_id, self._read(worker)  # its last words first

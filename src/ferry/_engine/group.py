@@ -36,6 +36,8 @@ __all__ = ["WorkerGroup", "WorkerHandle", "start_processes", "start_threads"]
 
 # Shutdown deadlines (seconds): stop politely, then SIGTERM, then SIGKILL.
 _JOIN_AFTER_STOP = 0.5
+# A worker that has left its loop and is exiting (see WorkerGroup.shutdown).
+_JOIN_LEAVING = 3.0
 _JOIN_AFTER_TERMINATE = 0.5
 _JOIN_AFTER_KILL = 0.5
 # Thread workers cannot be interrupted: they exit after their current fetch. Wait only briefly.
@@ -121,9 +123,13 @@ class WorkerGroup:
             with contextlib.suppress(OSError, ValueError):  # already gone
                 worker.send(Stop())
         processes = [w for w in started if w.process is not None]
-        self._drain_until_exit(processes, time.monotonic() + _JOIN_AFTER_STOP)
+        leaving = self._drain_until_exit(processes, time.monotonic() + _JOIN_AFTER_STOP)
+        # Workers that said they are leaving are finalizing their interpreter (a spawned one
+        # with torch loaded takes about half a second): let them finish rather than SIGTERM.
+        finishing = [w for w in processes if w.worker_id in leaving and _alive(w)]
+        self._drain_until_exit(finishing, time.monotonic() + _JOIN_LEAVING)
         for step, grace in (("terminate", _JOIN_AFTER_TERMINATE), ("kill", _JOIN_AFTER_KILL)):
-            alive = [w for w in processes if w.process is not None and w.process.is_alive()]
+            alive = [w for w in processes if _alive(w)]
             if not alive:
                 break
             for worker in alive:
@@ -147,9 +153,11 @@ class WorkerGroup:
                 worker.thread.join(max(0.0, deadline - time.monotonic()))
 
     @staticmethod
-    def _drain_until_exit(workers: list[WorkerHandle], deadline: float) -> None:
+    def _drain_until_exit(workers: list[WorkerHandle], deadline: float) -> set[int]:
         """Wait for the processes to exit, reading (and dropping) what they still send, so none
-        blocks on a full pipe; file descriptors of slabs that arrive are closed."""
+        blocks on a full pipe; file descriptors of slabs that arrive are closed. Returns the
+        ids of the workers that said they are leaving (their loop ended)."""
+        leaving: set[int] = set()
         sentinels = {w.process.sentinel: w for w in workers if w.process is not None}
         conns = {w.conn: w for w in workers if w.conn is not None}
         while sentinels and (left := deadline - time.monotonic()) > 0:
@@ -166,8 +174,15 @@ class WorkerGroup:
                     message = pickle.loads(conn.recv_bytes())
                     if isinstance(message, NewSlab) and message.name is None:
                         os.close(recv_fd(conn))
+                    elif isinstance(message, Stop):
+                        leaving.add(conns[conn].worker_id)
                 except (EOFError, OSError):
                     conns.pop(conn, None)
+        return leaving
+
+
+def _alive(worker: WorkerHandle) -> bool:
+    return worker.process is not None and worker.process.is_alive()
 
 
 def start_processes(group: WorkerGroup, configs: list[WorkerConfig], context: Any) -> None:

@@ -19,6 +19,7 @@ worker -> main
                        (:class:`ferry._engine.position.WorkerReport`).
     :class:`Exhausted` the worker's iterable stream has ended; it had nothing for ``task``.
     :class:`Failed`    user code raised; carries the exception and its formatted traceback.
+    :class:`Stop`      leaving: the worker's loop ended and its process is exiting.
 """
 
 from __future__ import annotations

@@ -267,6 +267,7 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
             send_slab=send_slab,
             stopping=stopping,
         )
+        send(Stop())  # leaving: the main process waits for the interpreter to finish
     except (BrokenPipeError, EOFError, ConnectionResetError):
         pass  # the main process went away mid-send; nothing is left to tell it
     finally:
