@@ -237,11 +237,7 @@ class RandomSampler(TensorChunkSampler, TorchRandomSampler):
         self.replacement = replacement
         self._num_samples = num_samples
         self.generator = generator
-        if not isinstance(replacement, bool):
-            raise TypeError(
-                f"replacement should be a boolean value, but got replacement={replacement} "
-                f"({type(replacement).__name__}); pass True or False"
-            )
+        check_bool("replacement", replacement, error=TypeError)
         count = self.num_samples
         if not isinstance(count, int) or count <= 0:
             raise ValueError(

@@ -35,15 +35,24 @@ def one_call_gather(
     return tensor_gather(dataset)
 
 
-class MapFetcher:
-    """Fetches batches of a map-style dataset by key.
+class _TimedFetch:
+    """After each fetch, ``fetch_s`` and ``collate_s`` hold the seconds it spent in the dataset
+    and in ``collate_fn`` (for the statistics, :mod:`ferry.stats`)."""
 
-    After each fetch, ``fetch_s`` and ``collate_s`` hold the seconds it spent in the dataset
-    and in ``collate_fn`` (for the statistics, :mod:`ferry.stats`).
-    """
-
+    collate_fn: Callable[..., Any]
     fetch_s = 0.0
     collate_s = 0.0
+
+    def _collate(self, samples: Any, started: float) -> Any:
+        """``collate_fn(samples)``, the samples having been fetched since ``started``."""
+        fetched = perf_counter()
+        batch = self.collate_fn(samples)
+        self.fetch_s, self.collate_s = fetched - started, perf_counter() - fetched
+        return batch
+
+
+class MapFetcher(_TimedFetch):
+    """Fetches batches of a map-style dataset by key (timed: see :class:`_TimedFetch`)."""
 
     def __init__(self, dataset: Any, auto_collation: bool, collate_fn: Callable[..., Any]) -> None:
         self.dataset = dataset
@@ -65,23 +74,16 @@ class MapFetcher:
             samples = fetch_many(self.dataset, key)
             if type(samples) is RowBatch and not self._default:
                 samples = list(samples)  # a user's collate_fn gets the plain list torch gives
-        fetched = perf_counter()
-        batch = self.collate_fn(samples)
-        self.fetch_s, self.collate_s = fetched - start, perf_counter() - fetched
-        return batch
+        return self._collate(samples, start)
 
 
-class IterableFetcher:
+class IterableFetcher(_TimedFetch):
     """Takes batches from the stream of an iterable-style dataset.
 
     The stream is opened when the fetcher is made (as torch opens it when the iterator is
     made). A short last batch is dropped when ``drop_last``; once the stream has ended every
-    later fetch raises StopIteration without touching it. ``fetch_s`` and ``collate_s`` as for
-    :class:`MapFetcher`.
+    later fetch raises StopIteration without touching it. Timed: see :class:`_TimedFetch`.
     """
-
-    fetch_s = 0.0
-    collate_s = 0.0
 
     def __init__(
         self, dataset: Any, auto_collation: bool, collate_fn: Callable[..., Any], drop_last: bool
@@ -105,10 +107,7 @@ class IterableFetcher:
                 self._ended = True
                 raise
             self.items += 1
-            fetched = perf_counter()
-            batch = self.collate_fn(sample)
-            self.fetch_s, self.collate_s = fetched - start, perf_counter() - fetched
-            return batch
+            return self._collate(sample, start)
         assert count is not None
         samples = []
         for _ in range(count):
@@ -120,10 +119,7 @@ class IterableFetcher:
         self.items += len(samples)
         if not samples or (self.drop_last and len(samples) < count):
             raise StopIteration
-        fetched = perf_counter()
-        batch = self.collate_fn(samples)
-        self.fetch_s, self.collate_s = fetched - start, perf_counter() - fetched
-        return batch
+        return self._collate(samples, start)
 
     def drop(self, count: int) -> None:
         """Read and drop ``count`` samples (a resume of a stream that has no state)."""

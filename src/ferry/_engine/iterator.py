@@ -369,7 +369,7 @@ class InlineIterator(LoaderIterator):
         stats.fetch += fetcher.fetch_s
         stats.collate += fetcher.collate_s
         keeper = self._keeper
-        report = keeper.after_batch(self._fetcher) if keeper.reports else None
+        report = keeper.after_batch(fetcher) if keeper.reports else None
         if report is None:
             return Delivery(batch, number, 0, None)
         return Delivery(batch, number, 0, report.resolve(self._track.workers[0]))
