@@ -176,11 +176,13 @@ def test_ddp_training_runs_in_step_on_every_rank(group: Results) -> None:
         assert r["losses"][-1] < r["losses"][0] / 4
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_torchrun_example_trains(tmp_path: Path) -> None:
-    """The README's example, launched the way the README says."""
-    pytest.importorskip("ferry.loader", reason="ferry.DataLoader has not landed yet")
+# torch's gloo backend sometimes aborts a rank as its interpreter exits (a gloo thread drops
+# its last tensor reference during finalization): the training finished, the exit did not.
+# torch's own DataLoader gets the same abort; see the note in the example.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def _launch_example(cwd: Path) -> tuple[int, str]:
     process = subprocess.Popen(
         [
             sys.executable,
@@ -192,15 +194,25 @@ def test_torchrun_example_trains(tmp_path: Path) -> None:
             "--epochs",
             "2",
         ],
-        cwd=tmp_path,
+        cwd=cwd,
         env=RANK_ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     try:
-        output, _ = process.communicate(timeout=150)
+        output, _ = process.communicate(timeout=100)
     finally:
         stop([process])
-    text = output.decode(errors="replace")
-    assert process.returncode == 0, text
+    return process.returncode, output.decode(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_torchrun_example_trains(tmp_path: Path) -> None:
+    """The README's example, launched the way the README says."""
+    pytest.importorskip("ferry.loader", reason="ferry.DataLoader has not landed yet")
+    returncode, text = _launch_example(tmp_path)
+    if returncode != 0 and GLOO_EXIT_ABORT in text and "epoch 1" in text:
+        returncode, text = _launch_example(tmp_path)  # gloo's exit race, not ours: once more
+    assert returncode == 0, text
     assert "epoch 1" in text, text
