@@ -53,11 +53,17 @@ def _cpus() -> int:
 def test_signature_is_torchs_plus_keyword_only_extensions() -> None:
     expected = _params(tud.DataLoader)
     got = _params(ferry.DataLoader)
-    assert got[:-2] == expected
-    # ferry's thread workers, and torchdata StatefulDataLoader's option (same default).
-    assert got[-2:] == [
-        ("worker_type", inspect.Parameter.KEYWORD_ONLY, "process"),
-        ("snapshot_every_n_steps", inspect.Parameter.KEYWORD_ONLY, 1),
+    assert got[:-6] == expected
+    # ferry's thread workers, torchdata StatefulDataLoader's option (same default), and the
+    # failure options, whose defaults keep torch's behaviour.
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    assert got[-6:] == [
+        ("worker_type", keyword, "process"),
+        ("snapshot_every_n_steps", keyword, 1),
+        ("on_error", keyword, "raise"),
+        ("max_errors", keyword, None),
+        ("max_worker_restarts", keyword, 0),
+        ("stall_warning", keyword, 300.0),
     ]
 
 

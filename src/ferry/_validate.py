@@ -46,15 +46,62 @@ def as_int(name: str, value: object, *, allow_bool: bool) -> int:
         raise TypeError(f"{name} must be an integer, got {_got(value)}") from None
 
 
+def worker_options(
+    num_workers: object, prefetch_factor: object, timeout: object, persistent_workers: bool
+) -> tuple[int, int | None]:
+    """``num_workers`` and ``prefetch_factor`` checked (with ``timeout`` and
+    ``persistent_workers``, which depend on them); prefetch_factor defaults to 2 with workers."""
+    num_workers = as_int("num_workers", num_workers, allow_bool=True)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+    if prefetch_factor is not None:
+        prefetch_factor = as_int("prefetch_factor", prefetch_factor, allow_bool=True)
+    if num_workers < 0:
+        raise ValueError(
+            "num_workers option should be non-negative; use num_workers=0 to disable "
+            f"multiprocessing (load in the main process), got num_workers={num_workers}"
+        )
+    if timeout < 0:
+        raise ValueError(
+            "timeout option should be non-negative: it is the seconds to wait for a batch "
+            f"from a worker (0 waits forever), got timeout={timeout}"
+        )
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError(
+            "prefetch_factor option could only be specified in multiprocessing: it is the "
+            "number of batches each worker loads ahead, so with num_workers=0 leave it None "
+            f"(or set num_workers > 0), got prefetch_factor={prefetch_factor}"
+        )
+    if num_workers > 0 and prefetch_factor is None:
+        prefetch_factor = 2
+    elif prefetch_factor is not None and prefetch_factor < 0:
+        raise ValueError(
+            "prefetch_factor option should be non-negative (batches loaded ahead per "
+            f"worker), got prefetch_factor={prefetch_factor}"
+        )
+    if persistent_workers and num_workers == 0:
+        raise ValueError(
+            "persistent_workers option needs num_workers > 0: it keeps the worker "
+            "processes alive between epochs, got num_workers=0"
+        )
+    return num_workers, prefetch_factor
+
+
+def available_cpus() -> tuple[int | None, bool]:
+    """The CPUs this process may run on (None: unknown), and whether that count respects its
+    CPU affinity (cpusets, ``taskset``) or is the machine's count."""
+    affinity = hasattr(os, "sched_getaffinity")  # respects cpusets; os.cpu_count does not
+    try:
+        return (len(os.sched_getaffinity(0)) if affinity else os.cpu_count()), affinity
+    except OSError:
+        return os.cpu_count(), False
+
+
 def too_many_workers(num_workers: int, worker_type: str) -> str | None:
     """The warning for more workers than the CPUs this process may run on (None if fine)."""
     if num_workers == 0:
         return None
-    affinity = hasattr(os, "sched_getaffinity")  # respects cpusets; os.cpu_count does not
-    try:
-        cpus = len(os.sched_getaffinity(0)) if affinity else os.cpu_count()
-    except OSError:
-        affinity, cpus = False, os.cpu_count()
+    cpus, affinity = available_cpus()
     if cpus is not None and num_workers <= cpus:
         return None
     if cpus is None:

@@ -22,9 +22,20 @@ from __future__ import annotations
 
 import pickle
 import signal
+import traceback
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["WorkerDied", "WorkerTimeout", "WorkerTraceback", "add_note", "describe_key"]
+__all__ = [
+    "SkippedSample",
+    "StallWarning",
+    "TooManyErrors",
+    "WorkerDied",
+    "WorkerTimeout",
+    "WorkerTraceback",
+    "add_note",
+    "describe_key",
+]
 
 
 class WorkerTraceback(Exception):
@@ -100,6 +111,52 @@ def _rebuild_died(worker_id: int, pid: int | None, exitcode: int | None, text: s
 
 class WorkerTimeout(RuntimeError):
     """No batch came from a worker within the loader's ``timeout``."""
+
+
+class TooManyErrors(RuntimeError):
+    """``on_error="skip"`` dropped more samples than ``max_errors`` allows; the message lists
+    them."""
+
+
+class StallWarning(UserWarning):
+    """No batch came for ``stall_warning`` seconds; the message says what each worker is doing
+    (filter it with ``warnings.simplefilter("ignore", ferry.errors.StallWarning)``)."""
+
+
+@dataclass(frozen=True)
+class SkippedSample:
+    """A sample ``on_error="skip"`` dropped: which, where, and why.
+
+    ``index``: the dataset key (map-style), or the sample's number in its worker's stream
+    (iterable-style). ``worker_id`` is 0 and ``pid`` the main process's with ``num_workers=0``.
+    """
+
+    index: Any
+    stream: bool  # index is a position in a stream, not a key
+    worker_id: int
+    pid: int
+    type_name: str
+    message: str
+    where: str  # the line of user code that raised
+
+    @classmethod
+    def of(
+        cls, index: Any, stream: bool, worker_id: int, pid: int, exc: BaseException
+    ) -> SkippedSample:
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = ""
+        if frames:
+            last = frames[-1]
+            where = f"{last.filename}:{last.lineno} in {last.name}"
+        return cls(index, stream, worker_id, pid, type(exc).__qualname__, str(exc), where)
+
+    def describe(self) -> str:
+        what = f"stream item {self.index}" if self.stream else f"index {self.index!r}"
+        at = f" at {self.where}" if self.where else ""
+        return (
+            f"{what} (worker {self.worker_id}, pid {self.pid}): "
+            f"{self.type_name}: {self.message}{at}"
+        )
 
 
 def rebuild_exception(blob: bytes | None, type_name: str, message: str) -> BaseException:

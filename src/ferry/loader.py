@@ -13,7 +13,9 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from ferry._engine.alloc import BufferPool
+from ferry._engine.autotune import Tuner
 from ferry._engine.cursor import Cursor, from_plain, to_plain
+from ferry._engine.failures import DEFAULT_STALL_WARNING, FailurePolicy, OnError
 from ferry._engine.iterator import (
     EpochTrack,
     InlineIterator,
@@ -24,7 +26,13 @@ from ferry._engine.pin import accelerator_available
 from ferry._engine.plan import EpochPlan
 from ferry._engine.resume import fit_workers, identity_of, warn_replay
 from ferry._torch_types import TorchDataLoader
-from ferry._validate import as_context, as_int, pin_device_deprecated, too_many_workers
+from ferry._validate import (
+    as_context,
+    as_int,
+    pin_device_deprecated,
+    too_many_workers,
+    worker_options,
+)
 from ferry.collate import default_collate, default_convert
 from ferry.datasets import is_iterable_style
 from ferry.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -100,7 +108,7 @@ class DataLoader(TorchDataLoader[T_co]):
         shuffle: bool | None = None,
         sampler: Sampler[Any] | Iterable[Any] | None = None,
         batch_sampler: Sampler[Any] | Iterable[Any] | None = None,
-        num_workers: int = 0,
+        num_workers: int | Literal["auto"] = 0,
         collate_fn: Callable[[Any], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -109,48 +117,31 @@ class DataLoader(TorchDataLoader[T_co]):
         multiprocessing_context: str | BaseContext | None = None,
         generator: torch.Generator | None = None,
         *,
-        prefetch_factor: int | None = None,
+        prefetch_factor: int | Literal["auto"] | None = None,
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
         worker_type: WorkerType = "process",
         snapshot_every_n_steps: int = 1,
+        on_error: OnError = "raise",
+        max_errors: int | float | None = None,
+        max_worker_restarts: int = 0,
+        stall_warning: float | None = DEFAULT_STALL_WARNING,
     ) -> None:
-        num_workers = as_int("num_workers", num_workers, allow_bool=True)
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
-            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-        if prefetch_factor is not None:
-            prefetch_factor = as_int("prefetch_factor", prefetch_factor, allow_bool=True)
-        if num_workers < 0:
-            raise ValueError(
-                "num_workers option should be non-negative; use num_workers=0 to disable "
-                f"multiprocessing (load in the main process), got num_workers={num_workers}"
-            )
-        if timeout < 0:
-            raise ValueError(
-                "timeout option should be non-negative: it is the seconds to wait for a batch "
-                f"from a worker (0 waits forever), got timeout={timeout}"
-            )
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError(
-                "prefetch_factor option could only be specified in multiprocessing: it is the "
-                "number of batches each worker loads ahead, so with num_workers=0 leave it None "
-                f"(or set num_workers > 0), got prefetch_factor={prefetch_factor}"
-            )
-        if num_workers > 0 and prefetch_factor is None:
-            prefetch_factor = 2
-        elif prefetch_factor is not None and prefetch_factor < 0:
-            raise ValueError(
-                "prefetch_factor option should be non-negative (batches loaded ahead per "
-                f"worker), got prefetch_factor={prefetch_factor}"
-            )
-        if persistent_workers and num_workers == 0:
-            raise ValueError(
-                "persistent_workers option needs num_workers > 0: it keeps the worker "
-                "processes alive between epochs, got num_workers=0"
-            )
         if worker_type not in ("process", "thread"):
             raise ValueError(f"worker_type must be 'process' or 'thread', got {worker_type!r}")
+        iterable = is_iterable_style(dataset)
+        self._tuner = Tuner.for_options(
+            num_workers, prefetch_factor, iterable=iterable, worker_type=worker_type
+        )
+        if self._tuner is not None:
+            num_workers, prefetch_factor = self._tuner.first()
+        num_workers, prefetch_factor = worker_options(
+            num_workers, prefetch_factor, timeout, persistent_workers
+        )
+        self._failures = FailurePolicy.from_options(
+            on_error, max_errors, max_worker_restarts, stall_warning
+        )
         snapshot_every_n_steps = as_int(
             "snapshot_every_n_steps", snapshot_every_n_steps, allow_bool=False
         )
@@ -173,7 +164,7 @@ class DataLoader(TorchDataLoader[T_co]):
         self.in_order = in_order
 
         # torch's name and values: 1 for an iterable-style dataset, 0 for map-style.
-        self._dataset_kind = 1 if is_iterable_style(dataset) else 0
+        self._dataset_kind = 1 if iterable else 0
         if self._iterable_style:
             if shuffle not in (False, None):
                 raise ValueError(
@@ -289,6 +280,8 @@ class DataLoader(TorchDataLoader[T_co]):
 
     # ferry's iterators are not torch's _BaseDataLoaderIter; they are plain iterators of batches.
     def __iter__(self) -> Iterator[T_co]:  # type: ignore[override]
+        if self._tuner is not None:
+            self._retune()
         if self.persistent_workers and self.num_workers > 0:
             if self._live_iterator is None or self._pending is not None:
                 self._replace_iterator(self._make_iterator())  # stops the old one's workers
@@ -301,10 +294,29 @@ class DataLoader(TorchDataLoader[T_co]):
     def stats(self) -> LoaderStats:
         """Where the time of the epoch in progress (or the last one) went, per stage and per
         worker: a :class:`ferry.stats.LoaderStats`; ``print()`` it, or log ``.as_dict()``."""
-        engine = "inline" if self.num_workers == 0 else self.worker_type
         track = self._last_track
-        recorder = track.stats if track is not None else StatsRecorder(max(self.num_workers, 1))
-        return recorder.result(engine)
+        if track is not None:
+            workers = track.plan.num_workers
+            recorder = track.stats
+        else:
+            workers = self.num_workers
+            recorder = StatsRecorder(max(workers, 1))
+        engine = "inline" if workers == 0 else self.worker_type
+        return recorder.result(engine, self._tuner.reason if self._tuner is not None else "")
+
+    def _retune(self) -> None:
+        """At an epoch boundary, let the tuner change ``num_workers``/``prefetch_factor``
+        (``"auto"``) from the last epoch's statistics; a change replaces persistent workers."""
+        assert self._tuner is not None
+        track = self._last_track
+        if track is None or not track.finished or self._pending is not None:
+            return
+        current = (self.num_workers, self.prefetch_factor)
+        chosen = self._tuner.after_epoch(self.stats(), current)
+        if chosen != current:
+            self.num_workers, self.prefetch_factor = chosen
+            if self._live_iterator is not None:
+                self._replace_iterator(None)
 
     # -- resume --------------------------------------------------------------------------------
 
@@ -436,6 +448,7 @@ class DataLoader(TorchDataLoader[T_co]):
             buffer_pool=self._buffer_pool(),
             reported_length=self._IterableDataset_len_called,
             snapshot_every=self.snapshot_every_n_steps,
+            failures=self._failures,
         )
 
     def __len__(self) -> int:

@@ -66,6 +66,9 @@ class LoaderStats:
     waited: int
     hand_off_bytes: int
     workers: tuple[WorkerStats, ...]
+    skipped: int = 0  # samples dropped by on_error="skip" this epoch
+    # What num_workers="auto"/prefetch_factor="auto" chose and why ("" when neither is used).
+    tuning: str = ""
 
     @property
     def batches_per_s(self) -> float:
@@ -119,6 +122,10 @@ class LoaderStats:
         )
         if self.hand_off_bytes:
             lines.append(f"  hand-off moved {self.hand_off_bytes / 2**20:.1f} MiB")
+        if self.skipped:
+            lines.append(f"  on_error='skip' dropped {self.skipped} samples")
+        if self.tuning:
+            lines.append(f"  autotuning: {self.tuning}")
         return "\n".join(lines)
 
 
@@ -137,6 +144,7 @@ class StatsRecorder:
         "pin",
         "ready",
         "sampler",
+        "skipped",
         "started",
         "wait",
         "waited",
@@ -145,7 +153,7 @@ class StatsRecorder:
     def __init__(self, num_workers: int) -> None:
         self.started = perf_counter()
         self.ended: float | None = None
-        self.batches = self.ready = self.waited = self.hand_off_bytes = 0
+        self.batches = self.ready = self.waited = self.hand_off_bytes = self.skipped = 0
         self.sampler = self.fetch = self.collate = self.hand_off = self.wait = self.pin = 0.0
         self.busy = [0.0] * num_workers
         self.made = [0] * num_workers
@@ -161,7 +169,7 @@ class StatsRecorder:
         self.busy[worker_id] += fetch + collate + encode
         self.made[worker_id] += 1
 
-    def result(self, engine: str) -> LoaderStats:
+    def result(self, engine: str, tuning: str = "") -> LoaderStats:
         end = self.ended if self.ended is not None else perf_counter()
         wall = max(end - self.started, 1e-9)
         workers = tuple(
@@ -183,4 +191,6 @@ class StatsRecorder:
             waited=self.waited,
             hand_off_bytes=self.hand_off_bytes,
             workers=workers if engine != "inline" else (),
+            skipped=self.skipped,
+            tuning=tuning,
         )

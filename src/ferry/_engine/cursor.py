@@ -80,6 +80,9 @@ class Cursor:
     turn: int = 0
     num_workers: int = 0
     workers: tuple[WorkerCursor, ...] = ()
+    # on_error="skip": samples dropped, and samples seen, over the run so far (the budget).
+    skipped: int = 0
+    seen: int = 0
 
     @classmethod
     def zero(cls) -> Cursor:
@@ -132,6 +135,7 @@ def to_plain(cursor: Cursor, identity: LoaderIdentity) -> dict[str, Any]:
             "ahead": sorted(cursor.ahead),
             "turn": cursor.turn,
         },
+        "errors": {"skipped": cursor.skipped, "seen": cursor.seen},
         "workers": [
             {
                 "items": w.items,
@@ -199,6 +203,9 @@ def from_plain(state: Any, identity: LoaderIdentity) -> Cursor:
             turn=int(epoch["turn"]),
             num_workers=int(saved["num_workers"]),
             workers=workers,
+            # (absent from states saved before on_error existed)
+            skipped=int(state.get("errors", {}).get("skipped", 0)),
+            seen=int(state.get("errors", {}).get("seen", 0)),
         )
         _check_generator_states(cursor)
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:

@@ -12,6 +12,7 @@ batch:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
@@ -20,8 +21,26 @@ import torch
 
 from ferry.collate import RowBatch, default_collate, default_map_is_pristine
 from ferry.datasets import fetch_many, tensor_gather
+from ferry.errors import SkippedSample
 
-__all__ = ["IterableFetcher", "MapFetcher", "make_fetcher", "one_call_gather"]
+__all__ = [
+    "DROPPED",
+    "BatchDropped",
+    "IterableFetcher",
+    "MapFetcher",
+    "Outcome",
+    "make_fetcher",
+    "one_call_gather",
+]
+
+
+# What an engine hands on in place of a batch that BatchDropped ended.
+DROPPED: Any = object()
+
+
+class BatchDropped(Exception):
+    """Every sample of a batch failed (``on_error="skip"``): there is no batch to hand out.
+    The fetcher's :attr:`_TimedFetch.outcome` says which samples and why."""
 
 
 def one_call_gather(
@@ -35,13 +54,27 @@ def one_call_gather(
     return tensor_gather(dataset)
 
 
+Outcome = tuple[int, tuple[SkippedSample, ...]]  # (samples tried, those dropped)
+
+
 class _TimedFetch:
     """After each fetch, ``fetch_s`` and ``collate_s`` hold the seconds it spent in the dataset
-    and in ``collate_fn`` (for the statistics, :mod:`ferry.stats`)."""
+    and in ``collate_fn`` (for the statistics, :mod:`ferry.stats`).
+
+    With ``skip_as`` set (``on_error="skip"``; the worker id to name in reports), a sample whose
+    fetch raises is dropped instead, and after each fetch ``outcome`` says how many samples
+    were tried and which were dropped.
+    """
 
     collate_fn: Callable[..., Any]
+    skip_as: int | None = None
     fetch_s = 0.0
     collate_s = 0.0
+    outcome: Outcome = (0, ())
+
+    def _dropped(self, index: Any, exc: BaseException, stream: bool) -> SkippedSample:
+        assert self.skip_as is not None
+        return SkippedSample.of(index, stream, self.skip_as, os.getpid(), exc)
 
     def _collate(self, samples: Any, started: float) -> Any:
         """``collate_fn(samples)``, the samples having been fetched since ``started``."""
@@ -54,14 +87,26 @@ class _TimedFetch:
 class MapFetcher(_TimedFetch):
     """Fetches batches of a map-style dataset by key (timed: see :class:`_TimedFetch`)."""
 
-    def __init__(self, dataset: Any, auto_collation: bool, collate_fn: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        auto_collation: bool,
+        collate_fn: Callable[..., Any],
+        skip_as: int | None = None,
+    ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
+        self.skip_as = skip_as
         self._default = collate_fn is default_collate
         self.gather = one_call_gather(dataset, auto_collation, collate_fn)
 
     def fetch(self, key: Any) -> Any:
+        if self.skip_as is None:
+            return self._fetch_whole(key)
+        return self._fetch_skipping(key)
+
+    def _fetch_whole(self, key: Any) -> Any:
         start = perf_counter()
         if not self.auto_collation:
             samples = self.dataset[key]
@@ -76,6 +121,40 @@ class MapFetcher(_TimedFetch):
                 samples = list(samples)  # a user's collate_fn gets the plain list torch gives
         return self._collate(samples, start)
 
+    def _fetch_skipping(self, key: Any) -> Any:
+        """``on_error="skip"``: the batch in one go first (the fast path, and the common case);
+        if that raises, sample by sample, dropping the samples that raise. The batch then comes
+        out short: filling it from later keys would shift every later batch's boundaries, and
+        a resume's position, by the number of bad samples."""
+        start = perf_counter()
+        try:
+            batch = self._fetch_whole(key)
+        except StopIteration:
+            raise  # ends a map-style epoch, as in torch: not a bad sample
+        except Exception as exc:
+            if not self.auto_collation:
+                self.outcome = (1, (self._dropped(key, exc, stream=False),))
+                self.fetch_s, self.collate_s = perf_counter() - start, 0.0
+                raise BatchDropped from None
+        else:
+            self.outcome = (len(key) if self.auto_collation else 1, ())
+            return batch
+        keys = key.tolist() if isinstance(key, torch.Tensor) else key
+        samples, dropped = [], []
+        for index in keys:
+            try:
+                samples.append(fetch_many(self.dataset, [index])[0])
+            except StopIteration:
+                raise
+            except Exception as exc:
+                dropped.append(self._dropped(index, exc, stream=False))
+        self.outcome = (len(keys), tuple(dropped))
+        if not samples:
+            self.fetch_s, self.collate_s = perf_counter() - start, 0.0
+            raise BatchDropped
+        # (a collate_fn that raises on the good samples raises: that is not a bad sample)
+        return self._collate(samples, start)
+
 
 class IterableFetcher(_TimedFetch):
     """Takes batches from the stream of an iterable-style dataset.
@@ -86,19 +165,27 @@ class IterableFetcher(_TimedFetch):
     """
 
     def __init__(
-        self, dataset: Any, auto_collation: bool, collate_fn: Callable[..., Any], drop_last: bool
+        self,
+        dataset: Any,
+        auto_collation: bool,
+        collate_fn: Callable[..., Any],
+        drop_last: bool,
+        skip_as: int | None = None,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.drop_last = drop_last
+        self.skip_as = skip_as
         self.stream: Iterator[Any] = iter(dataset)
-        self.items = 0  # samples taken from the stream so far
+        self.items = 0  # samples taken from the stream so far (dropped ones included)
         self._ended = False
 
     def fetch(self, count: int | None) -> Any:
         if self._ended:
             raise StopIteration
+        if self.skip_as is not None:
+            return self._fetch_skipping(count)
         start = perf_counter()
         if not self.auto_collation:
             try:
@@ -121,14 +208,50 @@ class IterableFetcher(_TimedFetch):
             raise StopIteration
         return self._collate(samples, start)
 
+    def _fetch_skipping(self, count: int | None) -> Any:
+        """``on_error="skip"``: an item whose reading raises is dropped and the stream goes on
+        (the batch is filled from the next items). A Python generator that raised is finished,
+        so its stream ends there; an iterator object whose ``__next__`` raised is asked again.
+        After as many failures in a row as the batch has samples, the batch is handed out as it
+        is, so the main process can judge the error budget."""
+        start = perf_counter()
+        wanted = 1 if count is None else count
+        samples: list[Any] = []
+        dropped: list[SkippedSample] = []
+        in_a_row = 0
+        while len(samples) < wanted and in_a_row < wanted:
+            try:
+                sample = next(self.stream)
+            except StopIteration:
+                self._ended = True
+                break
+            except Exception as exc:
+                dropped.append(self._dropped(self.items, exc, stream=True))
+                in_a_row += 1
+            else:
+                samples.append(sample)
+                in_a_row = 0
+            self.items += 1
+        self.outcome = (len(samples) + len(dropped), tuple(dropped))
+        if not samples or (self.drop_last and self._ended and len(samples) < wanted):
+            if dropped:  # reported; the next fetch ends the epoch
+                self.fetch_s, self.collate_s = perf_counter() - start, 0.0
+                raise BatchDropped
+            raise StopIteration
+        return self._collate(samples[0] if count is None else samples, start)
+
     def drop(self, count: int) -> None:
-        """Read and drop ``count`` samples (a resume of a stream that has no state)."""
+        """Read and drop ``count`` samples (a resume of a stream that has no state); with
+        ``on_error="skip"``, items that fail count as read (they were dropped the first time)."""
         for _ in range(count):
             try:
                 next(self.stream)
             except StopIteration:
                 self._ended = True
                 return
+            except Exception:
+                if self.skip_as is None:
+                    raise
             self.items += 1
 
 
@@ -138,7 +261,10 @@ def make_fetcher(
     auto_collation: bool,
     collate_fn: Callable[..., Any],
     drop_last: bool,
+    *,
+    skip_as: int | None = None,
 ) -> MapFetcher | IterableFetcher:
+    """The fetcher for a dataset; ``skip_as``: the worker id, with ``on_error="skip"``."""
     if iterable:
-        return IterableFetcher(dataset, auto_collation, collate_fn, drop_last)
-    return MapFetcher(dataset, auto_collation, collate_fn)
+        return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, skip_as)
+    return MapFetcher(dataset, auto_collation, collate_fn, skip_as)

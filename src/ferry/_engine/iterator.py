@@ -27,12 +27,22 @@ import torch
 
 from ferry._engine.alloc import using_allocator
 from ferry._engine.cursor import Cursor, Snapshot, WorkerCursor
-from ferry._engine.fetch import IterableFetcher, MapFetcher, make_fetcher, one_call_gather
+from ferry._engine.failures import SkipBudget
+from ferry._engine.fetch import (
+    DROPPED,
+    BatchDropped,
+    IterableFetcher,
+    MapFetcher,
+    Outcome,
+    make_fetcher,
+    one_call_gather,
+)
 from ferry._engine.keys import EpochKeys, KeysCursor, between_epochs, restore_between_epochs
 from ferry._engine.pin import pin_batch
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position import PositionKeeper
 from ferry._engine.rng import generator_state, set_generator_state
+from ferry.errors import TooManyErrors
 from ferry.stats import StatsRecorder
 
 __all__ = [
@@ -47,12 +57,15 @@ __all__ = [
 
 class Delivery(NamedTuple):
     """A batch an engine hands out, and where it came from: key ``number`` of the epoch, made by
-    ``worker_id`` (0 in the main process), which then stood at ``worker``."""
+    ``worker_id`` (0 in the main process), which then stood at ``worker``. With
+    ``on_error="skip"``, ``outcome`` says which samples were dropped, and ``batch`` is
+    :data:`~ferry._engine.fetch.DROPPED` when all of them were."""
 
     batch: Any
     number: int
     worker_id: int
     worker: WorkerCursor | None
+    outcome: Outcome | None = None
 
 
 class EpochTrack:
@@ -82,6 +95,11 @@ class EpochTrack:
         self.finished = False  # StopIteration was raised
         # Where the epoch's time goes (ferry.stats), kept beside the cursor.
         self.stats = StatsRecorder(max(plan.num_workers, 1))
+        # on_error="skip": the samples dropped so far in the run (counts are in the cursor).
+        budget = getattr(self, "budget", None)
+        if budget is None or (budget.skipped, budget.seen) != (cursor.skipped, cursor.seen):
+            budget = SkipBudget(plan.failures.max_errors, cursor.skipped, cursor.seen)
+        self.budget = budget
 
     def delivered(self, number: int, worker_id: int, worker: WorkerCursor | None) -> None:
         """The user now has batch ``number`` (made by ``worker_id``, which then stood at
@@ -109,6 +127,8 @@ class EpochTrack:
             ahead=frozenset(self.ahead),
             turn=self.turn,
             workers=tuple(self.workers),
+            skipped=self.budget.skipped,
+            seen=self.budget.seen,
         )
 
     def position(self) -> Cursor:
@@ -148,6 +168,8 @@ def next_epoch_start(finished: Cursor, persistent: bool) -> Cursor:
         base_seed=finished.base_seed if persistent else None,
         num_workers=finished.num_workers,
         workers=finished.workers if persistent else (),
+        skipped=finished.skipped,
+        seen=finished.seen,
     )
 
 
@@ -221,6 +243,8 @@ class LoaderIterator:
             turn=start.turn % workers if start.started else 0,
             num_workers=plan.num_workers,
             workers=self._resumed_workers(start),
+            skipped=start.skipped,
+            seen=start.seen,
         )
         if getattr(self, "_track", None) is None:
             self._track = EpochTrack(plan, keys, cursor)
@@ -255,16 +279,22 @@ class LoaderIterator:
     def __next__(self) -> Any:
         track = self._track
         asked = perf_counter()
-        try:
-            batch, number, worker_id, worker = self._next_batch()
-        except StopIteration:
-            if not self._resumed_at_stream_end():
-                track.finished = True
-                track.stats.ended = perf_counter()
-                track.stats.wait += track.stats.ended - asked
-                raise
-            track = self._track  # the next epoch's
-            batch, number, worker_id, worker = self._next_batch()
+        while True:
+            try:
+                batch, number, worker_id, worker, outcome = delivery = self._next_batch()
+            except StopIteration:
+                if not self._resumed_at_stream_end():
+                    track.finished = True
+                    track.stats.ended = perf_counter()
+                    track.stats.wait += track.stats.ended - asked
+                    raise
+                track = self._track  # the next epoch's
+                batch, number, worker_id, worker, outcome = delivery = self._next_batch()
+            if outcome is None:
+                break
+            self._count_skips(track, delivery)
+            if batch is not DROPPED:
+                break
         stats = track.stats
         got = perf_counter()
         stats.wait += got - asked
@@ -293,6 +323,22 @@ class LoaderIterator:
 
     def _next_batch(self) -> Delivery:
         raise NotImplementedError
+
+    @staticmethod
+    def _count_skips(track: EpochTrack, delivery: Delivery) -> None:
+        """Add a batch's dropped samples to the run's budget. A batch with no sample left is
+        consumed here (the position moves past it; nothing is handed out), and so is one that
+        takes the run past its budget: a resume does not fetch either again."""
+        assert delivery.outcome is not None
+        seen, dropped = delivery.outcome
+        track.stats.skipped += len(dropped)
+        try:
+            track.budget.add(seen, dropped)
+        except TooManyErrors:
+            track.delivered(delivery.number, delivery.worker_id, delivery.worker)
+            raise
+        if delivery.batch is DROPPED:
+            track.delivered(delivery.number, delivery.worker_id, delivery.worker)
 
     def _resumed_at_stream_end(self) -> bool:
         """Whether this epoch was resumed at the very end of a stream and has now begun the
@@ -339,6 +385,7 @@ class InlineIterator(LoaderIterator):
                 "or leave timeout at 0"
             )
         super().__init__(plan, resume)
+        self._skip = plan.failures.skip
         self._allocator = plan.buffer_pool
         # Made after the base seed is drawn: an iterable dataset's stream opens here, as in
         # torch, so its __iter__ (and any random draw in it) runs at iter(loader). The main
@@ -351,7 +398,12 @@ class InlineIterator(LoaderIterator):
     def _make_fetcher(self) -> MapFetcher | IterableFetcher:
         plan = self._plan
         return make_fetcher(
-            plan.dataset, plan.iterable_style, plan.auto_collation, plan.collate_fn, plan.drop_last
+            plan.dataset,
+            plan.iterable_style,
+            plan.auto_collation,
+            plan.collate_fn,
+            plan.drop_last,
+            skip_as=0 if self._skip else None,
         )
 
     def _reopen(self) -> None:
@@ -363,13 +415,17 @@ class InlineIterator(LoaderIterator):
         number, key = next(self._track.keys)
         stats.sampler += perf_counter() - start
         fetcher = self._fetcher
-        with using_allocator(self._allocator):
-            batch = fetcher.fetch(key)
+        try:
+            with using_allocator(self._allocator):
+                batch = fetcher.fetch(key)
+        except BatchDropped:  # on_error="skip", and every sample of the batch failed
+            batch = DROPPED
         stats.waited += 1  # made on demand: never ready before it is asked
         stats.fetch += fetcher.fetch_s
         stats.collate += fetcher.collate_s
+        outcome = fetcher.outcome if self._skip else None
         keeper = self._keeper
         report = keeper.after_batch(fetcher) if keeper.reports else None
         if report is None:
-            return Delivery(batch, number, 0, None)
-        return Delivery(batch, number, 0, report.resolve(self._track.workers[0]))
+            return Delivery(batch, number, 0, None, outcome)
+        return Delivery(batch, number, 0, report.resolve(self._track.workers[0]), outcome)

@@ -16,7 +16,8 @@ worker -> main
     :class:`Done`      batch ``task`` is ready; ``payload`` is the pickled batch whose tensors
                        refer to slabs by id (see :mod:`ferry._engine.shm`), or the batch object
                        itself for thread workers; ``report`` is the worker's position after it
-                       (:class:`ferry._engine.position.WorkerReport`).
+                       (:class:`ferry._engine.position.WorkerReport`); with ``on_error="skip"``,
+                       ``outcome`` lists the samples dropped (``empty``: all of them).
     :class:`Exhausted` the worker's iterable stream has ended; it had nothing for ``task``.
     :class:`Failed`    user code raised; carries the exception and its formatted traceback.
     :class:`Stop`      leaving: the worker's loop ended and its process is exiting.
@@ -103,6 +104,9 @@ class Done:
     report: Any = None
     # (fetch s, collate s, hand-off s, hand-off bytes) of this batch in the worker (ferry.stats)
     timing: tuple[float, float, float, int] = (0.0, 0.0, 0.0, 0)
+    # on_error="skip": (samples tried, samples dropped); ``empty``: all were, there is no batch
+    outcome: Any = None
+    empty: bool = False
 
 
 @dataclass(frozen=True)

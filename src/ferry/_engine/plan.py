@@ -9,12 +9,13 @@ new epoch a fresh :class:`EpochPlan` instead.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ferry._engine.alloc import BufferPool
+from ferry._engine.failures import FailurePolicy
 
 __all__ = ["EpochPlan"]
 
@@ -46,6 +47,8 @@ class EpochPlan:
     reported_length: int | None
     # How often the user's stateful parts (sampler, dataset, stream) are asked for their state.
     snapshot_every: int = 1
+    # on_error, max_errors, max_worker_restarts, stall_warning
+    failures: FailurePolicy = field(default_factory=FailurePolicy)
 
     @property
     def auto_collation(self) -> bool:

@@ -28,6 +28,7 @@ from typing_extensions import assert_never
 
 from ferry._engine.channels import WorkerGone, WorkerMessage, open_channel
 from ferry._engine.cursor import Cursor, WorkerCursor
+from ferry._engine.fetch import DROPPED, Outcome
 from ferry._engine.group import WorkerGroup, WorkerHandle, start_processes, start_threads
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import Delivery, LoaderIterator, next_epoch_start
@@ -54,6 +55,7 @@ class _Task:
     error: BaseException | None = None
     fatal: bool = False  # the error ends the iterator (its worker could not start)
     position: WorkerCursor | None = None  # the worker's, after this batch
+    outcome: Outcome | None = None  # on_error="skip": samples tried and dropped
 
 
 class WorkerIterator(LoaderIterator):
@@ -99,6 +101,7 @@ class WorkerIterator(LoaderIterator):
                 snapshot_every=plan.snapshot_every,
                 track_rng=not self._threads,
                 named_slabs=named,
+                skip=plan.failures.skip,
             )
             for i in range(self._num_workers)
         ]
@@ -264,7 +267,7 @@ class WorkerIterator(LoaderIterator):
         self._dispatch()
         error, task.error = task.error, None
         if error is None:
-            return Delivery(task.result, task.number, task.worker_id, task.position)
+            return Delivery(task.result, task.number, task.worker_id, task.position, task.outcome)
         if task.fatal:
             self._fatal = error
             self._finalizer()
@@ -318,6 +321,10 @@ class WorkerIterator(LoaderIterator):
                 task.position = self._latest[worker_id]
                 stats = self._track.stats
                 stats.worker_made(worker_id, *message.timing)
+                task.outcome = message.outcome
+                if message.empty:
+                    task.result = DROPPED
+                    return
                 decoding = time.perf_counter()
                 task.result = self._channel.batch(worker_id, message)
                 stats.hand_off += time.perf_counter() - decoding

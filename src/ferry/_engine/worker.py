@@ -29,7 +29,7 @@ import torch
 
 from ferry._engine.alloc import Allocator, using_allocator
 from ferry._engine.cursor import WorkerCursor
-from ferry._engine.fetch import IterableFetcher, MapFetcher, make_fetcher
+from ferry._engine.fetch import BatchDropped, IterableFetcher, MapFetcher, make_fetcher
 from ferry._engine.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
 from ferry._engine.messages import (
     Done,
@@ -78,6 +78,8 @@ class WorkerConfig:
     track_rng: bool = False
     # Slabs travel by name (torch's sharing strategy is "file_system"), not by descriptor.
     named_slabs: bool = False
+    # on_error="skip": samples that raise are dropped and reported, not raised.
+    skip: bool = False
 
     @property
     def seed(self) -> int:
@@ -89,7 +91,12 @@ class WorkerConfig:
     def fetcher(self) -> MapFetcher | IterableFetcher:
         """A fresh fetcher (for iterable datasets: a fresh stream) over this worker's dataset."""
         return make_fetcher(
-            self.dataset, self.iterable, self.auto_collation, self.collate_fn, self.drop_last
+            self.dataset,
+            self.iterable,
+            self.auto_collation,
+            self.collate_fn,
+            self.drop_last,
+            skip_as=self.worker_id if self.skip else None,
         )
 
 
@@ -169,18 +176,28 @@ def run_worker_loop(
             continue
         if slabs is not None:
             slabs.begin(message.freed)
+        outcome = None
         try:
             with using_allocator(allocator):
                 batch = fetcher.fetch(IndexTensor.unpack(message.key))
             report = keeper.after_batch(fetcher) if keeper.reports else None
+            if config.skip:
+                outcome = fetcher.outcome
             if slabs is None:
                 timing = (fetcher.fetch_s, fetcher.collate_s, 0.0, 0)
-                send(Done(message.task, batch, report=report, timing=timing))
+                send(Done(message.task, batch, report=report, timing=timing, outcome=outcome))
                 continue
             encoding = perf_counter()
             payload, used = encode_batch(batch, slabs)
             nbytes = len(payload) + sum(slab.used for slab in used)
             timing = (fetcher.fetch_s, fetcher.collate_s, perf_counter() - encoding, nbytes)
+        except BatchDropped:  # on_error="skip" dropped every sample: report them, and the position
+            if slabs is not None:
+                slabs.abandon()
+            report = keeper.after_batch(fetcher) if keeper.reports else None
+            timing = (fetcher.fetch_s, fetcher.collate_s, 0.0, 0)
+            send(Done(message.task, None, (), report, timing, fetcher.outcome, empty=True))
+            continue
         except Exception as exc:
             if slabs is not None:
                 slabs.abandon()
@@ -199,7 +216,7 @@ def run_worker_loop(
                     send_slab(slab.fd)
                 slab.shared()
                 slab.announced = True
-        send(Done(message.task, payload, tuple(s.id for s in used), report, timing))
+        send(Done(message.task, payload, tuple(s.id for s in used), report, timing, outcome))
 
 
 def _watch_parent(

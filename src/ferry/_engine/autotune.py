@@ -1,0 +1,381 @@
+"""``num_workers="auto"`` and ``prefetch_factor="auto"``: the loader picks them, then tunes them.
+
+Only the options given as ``"auto"`` are chosen; the other keeps the user's value (a
+``prefetch_factor`` left at None is torch's default, 2, and is not tuned).
+
+**Start** (:meth:`Tuner.first`), from the CPUs this process may use: its CPU affinity, shared
+with the other processes of the node when it is free to use all of them (``LOCAL_WORLD_SIZE``,
+set by torchrun: eight ranks on 64 CPUs get 8 each), and taken as is when it is bound to a
+subset (assumed to be its share). Process workers start at one per CPU, at most 8 (the main
+process mostly waits in ``next()``); thread workers at most 4, as they share the GIL. At least
+one worker: ``"auto"`` never loads in the training loop's thread. An unknown CPU count gives 2.
+``prefetch_factor`` starts at 2.
+
+**Adjust** (:meth:`Tuner.after_epoch`), at the boundary after each full epoch of at least
+``MIN_BATCHES`` batches, from that epoch's :class:`~ferry.stats.LoaderStats`. Busy: the workers'
+mean busy fraction. At most one change per epoch:
+
+1. *The loader is behind* (``next()`` waited for more batches than it found ready) and the
+   workers are busy (>= ``BUSY``): more workers. Enough to keep up by the epoch's figures
+   (worker seconds per batch / the loop's own seconds per batch), at least one more and at most
+   twice as many, within the CPUs.
+2. *The loader is behind although the workers are idle* (< ``BUSY``): batch times are uneven,
+   so a deeper queue helps: ``prefetch_factor`` doubles, up to ``PREFETCH_CAP``, while the
+   batches it holds (bytes per batch x workers x prefetch) stay under ``MEMORY_SHARE`` of the
+   available memory.
+3. *The loader is well ahead* (``next()`` waited for at most ``AHEAD`` of the batches) and the
+   workers are idle (< ``IDLE``): one worker fewer, if the others would stay under ``BUSY``.
+   This saves CPUs and memory, never throughput.
+4. Otherwise the setting stays.
+
+**Settle.** A change is a trial, judged on the next epoch: one meant to be faster (rules 1, 2)
+is kept if batches/s rose by ``GAIN`` or more, one meant to be leaner (rule 3) if the loader
+stayed ahead; a trial that fails is undone. The tuner stops for good at the first epoch where
+nothing is to change, after undoing a trial, or when it would go back to a setting it left, so
+a run's settings are stable after a few epochs and the tuner cannot oscillate.
+
+**Batches are never changed.** Settings change only between epochs. For a map-style dataset,
+batch ``i`` is made from the sampler's key ``i`` whatever the number of workers, so the batches
+and their order (in order mode) are the same. A stream (iterable-style dataset) is read by each
+worker from its own shard (``get_worker_info``), so its worker count decides the batches: it
+keeps the count chosen at the start, and only ``prefetch_factor`` is tuned. Random augmentations
+in workers are seeded per worker (``base_seed + worker_id``, as in torch): a new worker count
+changes which worker, so which random stream, makes a batch, like any change of
+``num_workers`` in torch. Fix ``num_workers`` where augmentations must repeat exactly.
+
+``Tuner.reason`` says what was chosen and why, with the figures; it is
+``loader.stats().tuning``. Design note: ``docs/design/autotune.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from ferry._validate import as_int, available_cpus
+from ferry.stats import LoaderStats
+
+__all__ = ["Tuner"]
+
+Setting = tuple[int, int]  # (num_workers, prefetch_factor), both chosen or fixed
+
+PROCESS_START_CAP = 8
+"""Process workers to start with, at most: enough for most pipelines, few enough to start
+quickly and hold little memory; rule 1 goes further, up to the CPU count, when it is needed."""
+THREAD_START_CAP = 4
+"""Thread workers to start with, at most: they share the GIL, so more help only where the
+per-sample work releases it; rule 1 adds more only where the next epoch proves them faster."""
+UNKNOWN_CPUS = 2
+"""The CPU count to assume when the platform does not say."""
+DEFAULT_PREFETCH = 2  # torch's default
+PREFETCH_CAP = 8
+"""Batches each worker may load ahead, at most: deeper queues smooth uneven batch times but
+hold memory, and beyond a few batches per worker they only do the latter."""
+MIN_BATCHES = 20
+"""Epochs shorter than this are not judged: start-up and the pipeline filling dominate them."""
+BUSY = 0.7
+"""Mean busy fraction above which the workers are the limit (rule 1); a rule-3 removal must
+keep the remaining workers below it, which leaves a margin against switching back."""
+IDLE = 0.5
+"""Mean busy fraction below which workers are candidates for removal (rule 3)."""
+AHEAD = 0.1
+"""Share of batches the loop may wait for and still count as well ahead (rule 3): each epoch
+without persistent workers waits for its first batch or two while they start."""
+GAIN = 1.05
+"""A change meant to be faster is kept only if batches/s rose at least this much (5 %)."""
+MEMORY_SHARE = 0.1
+"""Share of the available memory the prefetched batches may take (rule 2)."""
+
+Goal = Literal["faster", "leaner"]
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """A change on trial: the setting it replaced and what it must achieve to be kept."""
+
+    before: Setting
+    goal: Goal
+    rate_before: float  # batches/s of the epoch before the change
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What the last epoch's figures call for: a new setting (or None: stay), and why."""
+
+    setting: Setting | None
+    goal: Goal | None
+    why: str
+
+
+class Tuner:
+    """Chooses a loader's ``num_workers`` and ``prefetch_factor`` when either is ``"auto"``.
+
+    The loader calls :meth:`first` once, when it is made, and :meth:`after_epoch` at each epoch
+    boundary; see the module docstring for the policy.
+    """
+
+    def __init__(
+        self,
+        num_workers: int | None,
+        prefetch_factor: int | None,
+        *,
+        iterable: bool,
+        worker_type: str,
+        cpus: int | None,
+        memory: int | None,
+    ) -> None:
+        """``num_workers``/``prefetch_factor``: None where "auto", else the user's value.
+        ``cpus``: the CPUs this loader may use (None: unknown); ``memory``: the bytes of
+        memory available (None: unknown)."""
+        self._fixed_workers = num_workers
+        self._fixed_prefetch = prefetch_factor
+        self._iterable = iterable
+        self._threads = worker_type == "thread"
+        self._cpus = cpus
+        self._memory = memory
+        self._trial: _Trial | None = None
+        self._tried: set[Setting] = set()
+        self._settled = False
+        self.reason = ""
+
+    @classmethod
+    def for_options(
+        cls, num_workers: object, prefetch_factor: object, *, iterable: bool, worker_type: str
+    ) -> Tuner | None:
+        """A tuner when either option is ``"auto"`` (None otherwise: the loader validates the
+        options as usual). A non-auto value is passed on as given, for the loader to check."""
+        for name, value in (("num_workers", num_workers), ("prefetch_factor", prefetch_factor)):
+            if isinstance(value, str) and value != "auto":
+                # torch's TypeError for a string (it compares it with 0), naming what works.
+                raise TypeError(f'{name} must be an integer or "auto", got {value!r} (str)')
+        auto_workers, auto_prefetch = num_workers == "auto", prefetch_factor == "auto"
+        if not (auto_workers or auto_prefetch):
+            return None
+        fixed_workers = None if auto_workers else as_int("num_workers", num_workers, allow_bool=True)
+        if auto_prefetch and fixed_workers == 0:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing: it is the "
+                "number of batches each worker loads ahead, so with num_workers=0 leave it None "
+                "(or set num_workers > 0 or 'auto'), got prefetch_factor='auto'"
+            )
+        return cls(
+            fixed_workers,
+            None if auto_prefetch else prefetch_factor,  # type: ignore[arg-type]
+            iterable=iterable,
+            worker_type=worker_type,
+            cpus=cpus_for_this_process(),
+            memory=available_memory(),
+        )
+
+    # -- the policy ----------------------------------------------------------------------------
+
+    def first(self) -> tuple[int, int | None]:
+        """The setting of the first epoch (prefetch None only for a fixed ``num_workers=0``)."""
+        workers_why = prefetch_why = "as given"
+        workers = self._fixed_workers
+        if workers is None:
+            cap = THREAD_START_CAP if self._threads else PROCESS_START_CAP
+            kind = "thread" if self._threads else "process"
+            workers = max(1, min(self._limit, cap))
+            workers_why = f"{self._cpus_text}; {kind} workers start at one per CPU, at most {cap}"
+        prefetch = self._fixed_prefetch
+        if prefetch is None and self._tuned_prefetch:
+            prefetch, prefetch_why = DEFAULT_PREFETCH, "torch's default"
+        self.reason = (
+            f"num_workers={workers} ({workers_why}), prefetch_factor={prefetch} ({prefetch_why}); "
+            f"tuned after each epoch of at least {MIN_BATCHES} batches"
+        )
+        if self._iterable and self._fixed_workers is None:
+            self.reason += "; a stream keeps its worker count, which decides its shards"
+        return workers, prefetch if workers else None
+
+    def after_epoch(self, stats: LoaderStats, current: tuple[int, int | None]) -> tuple[int, int | None]:
+        """The setting of the next epoch, from ``stats`` of the epoch that just ended with
+        ``current``; sets :attr:`reason`."""
+        if self._settled:
+            return current
+        workers, prefetch = current
+        assert prefetch is not None  # "auto" always loads with workers
+        setting = (workers, prefetch)
+        if stats.batches < MIN_BATCHES:
+            self.reason = (
+                f"{self._text(setting)}: kept, the last epoch ({stats.batches} batches) was too "
+                f"short to judge (fewer than {MIN_BATCHES})"
+            )
+            return current
+        self._tried.add(setting)
+        verdict = ""
+        if self._trial is not None:
+            trial, self._trial = self._trial, None
+            kept, verdict = self._judge(trial, setting, stats)
+            if not kept:
+                self._settled = True
+                self.reason = f"{self._text(trial.before)}: settled; {verdict}"
+                return trial.before
+        step = self._decide(stats, setting)
+        prefix = f"{verdict}; " if verdict else ""
+        if step.setting is None or step.setting in self._tried:
+            self._settled = True
+            again = "" if step.setting is None else " (a setting already left; not tried again)"
+            self.reason = f"{self._text(setting)}: settled; {prefix}{step.why}{again}"
+            return current
+        assert step.goal is not None
+        self._trial = _Trial(setting, step.goal, stats.batches_per_s)
+        self.reason = f"{self._text(step.setting)}: {prefix}{step.why}"
+        return step.setting
+
+    def _judge(self, trial: _Trial, setting: Setting, stats: LoaderStats) -> tuple[bool, str]:
+        """Whether the change to ``setting`` met its goal in ``stats``, and a sentence why."""
+        rate, before = stats.batches_per_s, trial.rate_before
+        if trial.goal == "faster":
+            kept = rate >= before * GAIN
+            verb = "kept" if kept else "undone"
+            return kept, (
+                f"{self._text(setting)} {verb}: {rate:.1f} batches/s against {before:.1f} "
+                f"before (a change must gain {100 * (GAIN - 1):.0f} %)"
+            )
+        kept = stats.waited <= AHEAD * stats.batches
+        verb = "kept" if kept else "undone"
+        return kept, (
+            f"{self._text(setting)} {verb}: the loop waited for {stats.waited} of "
+            f"{stats.batches} batches (at most {100 * AHEAD:.0f} % keeps the loader ahead)"
+        )
+
+    def _decide(self, stats: LoaderStats, setting: Setting) -> _Step:
+        """Rules 1 to 4 of the module docstring applied to the epoch ``stats``."""
+        workers, prefetch = setting
+        busy = sum(w.busy_fraction for w in stats.workers) / max(len(stats.workers), 1)
+        seen = (
+            f"the loop waited for {stats.waited} of {stats.batches} batches while the workers "
+            f"were {100 * busy:.0f} % busy"
+        )
+        if stats.waited > stats.ready:  # the loader is behind
+            if busy >= BUSY:
+                return self._more_workers(stats, setting, seen)
+            return self._deeper_queue(stats, setting, seen)
+        if stats.waited <= AHEAD * stats.batches and busy < IDLE:
+            return self._fewer_workers(setting, busy, seen)
+        return _Step(None, None, f"{seen}: the loader keeps up")
+
+    def _more_workers(self, stats: LoaderStats, setting: Setting, seen: str) -> _Step:
+        """Rule 1: the workers are the limit."""
+        workers, prefetch = setting
+        if not self._tuned_workers:
+            return _Step(None, None, f"{seen}; more workers would help ({self._why_fixed})")
+        if workers >= self._limit:
+            return _Step(None, None, f"{seen}; more workers would help but {self._cpus_text}")
+        worker_s = sum(w.busy_s for w in stats.workers) / stats.batches
+        loop_s = (stats.wall_s - stats.wait_s) / stats.batches
+        needed = math.ceil(worker_s / loop_s) if loop_s > 0 else self._limit
+        more = min(self._limit, 2 * workers, max(workers + 1, needed))
+        return _Step(
+            (more, prefetch),
+            "faster",
+            f"{seen}; a batch took {1000 * worker_s:.1f} ms of worker time and the loop's own "
+            f"step {1000 * loop_s:.1f} ms, so about {needed} workers keep up (more on trial, at "
+            f"most twice as many and {self._limit} for {self._cpus_text})",
+        )
+
+    def _deeper_queue(self, stats: LoaderStats, setting: Setting, seen: str) -> _Step:
+        """Rule 2: the loader is behind while its workers idle."""
+        workers, prefetch = setting
+        if not self._tuned_prefetch:
+            return _Step(None, None, f"{seen}: batch times are uneven (prefetch_factor is fixed)")
+        if prefetch >= PREFETCH_CAP:
+            return _Step(None, None, f"{seen}; prefetch_factor is at its cap, {PREFETCH_CAP}")
+        deeper = min(PREFETCH_CAP, 2 * prefetch)
+        batch_bytes = stats.hand_off_bytes / stats.batches
+        held = batch_bytes * workers * deeper
+        if self._memory is not None and held > MEMORY_SHARE * self._memory:
+            return _Step(
+                None,
+                None,
+                f"{seen}; prefetch_factor={deeper} would hold {held / 2**20:.0f} MiB of batches, "
+                f"over {100 * MEMORY_SHARE:.0f} % of the {self._memory / 2**30:.1f} GiB available",
+            )
+        return _Step(
+            (workers, deeper),
+            "faster",
+            f"{seen}: batch times are uneven, so each worker loads more batches ahead (on trial)",
+        )
+
+    def _fewer_workers(self, setting: Setting, busy: float, seen: str) -> _Step:
+        """Rule 3: the loader is well ahead and its workers mostly idle."""
+        workers, prefetch = setting
+        if not self._tuned_workers or workers <= 1:
+            return _Step(None, None, f"{seen}: the loader keeps up with CPU to spare")
+        remaining = busy * workers / (workers - 1)
+        if remaining >= BUSY:
+            return _Step(None, None, f"{seen}: the loader keeps up, and needs all its workers")
+        return _Step(
+            (workers - 1, prefetch),
+            "leaner",
+            f"{seen}: one worker fewer would be {100 * remaining:.0f} % busy, saving a CPU "
+            "(on trial)",
+        )
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    @property
+    def _tuned_workers(self) -> bool:
+        return self._fixed_workers is None and not self._iterable
+
+    @property
+    def _tuned_prefetch(self) -> bool:
+        return self._fixed_prefetch is None and self._fixed_workers != 0
+
+    @property
+    def _why_fixed(self) -> str:
+        if self._iterable:
+            return "a stream keeps its worker count, which decides its shards"
+        return "num_workers is fixed"
+
+    @property
+    def _limit(self) -> int:
+        """The most workers rule 1 may reach: one per CPU."""
+        return self._cpus if self._cpus is not None else UNKNOWN_CPUS
+
+    @property
+    def _cpus_text(self) -> str:
+        if self._cpus is None:
+            return f"the CPU count is unknown, so {UNKNOWN_CPUS} are assumed"
+        return f"{self._cpus} CPU{'s' if self._cpus != 1 else ''} for this process"
+
+    @staticmethod
+    def _text(setting: Setting) -> str:
+        return f"num_workers={setting[0]}, prefetch_factor={setting[1]}"
+
+
+def cpus_for_this_process() -> int | None:
+    """The CPUs this process's workers may use (None: unknown): its affinity, shared with the
+    node's other ranks (``LOCAL_WORLD_SIZE``) unless the affinity is already a subset."""
+    cpus, _ = available_cpus()
+    if cpus is None:
+        return None
+    machine = os.cpu_count()
+    bound = machine is not None and cpus < machine  # pinned to a share by the launcher
+    try:
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        ranks = 1
+    if bound or ranks <= 1:
+        return cpus
+    return max(1, cpus // ranks)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations without swapping (None: unknown):
+    ``MemAvailable`` of ``/proc/meminfo`` (free memory plus reclaimable cache), else free pages."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
