@@ -31,6 +31,7 @@ __all__ = [
     "StallWarning",
     "TooManyErrors",
     "WorkerDied",
+    "WorkerRestartWarning",
     "WorkerTimeout",
     "WorkerTraceback",
     "add_note",
@@ -116,6 +117,11 @@ class WorkerTimeout(RuntimeError):
 class TooManyErrors(RuntimeError):
     """``on_error="skip"`` dropped more samples than ``max_errors`` allows; the message lists
     them."""
+
+
+class WorkerRestartWarning(UserWarning):
+    """A worker process died and was replaced (``max_worker_restarts``); the epoch goes on with
+    the same batches."""
 
 
 class StallWarning(UserWarning):

@@ -87,14 +87,27 @@ class ProcessChannel(Channel):
         # costs tens of microseconds a batch).
         self._pipes: dict[int, WorkerHandle] = {}
         self._sentinels: dict[int, WorkerHandle] = {}
-        for worker in self.workers:
-            if worker.conn is not None and worker.process is not None:
-                self._pipes[worker.conn.fileno()] = worker
-                self._sentinels[worker.process.sentinel] = worker
         self._poller = select.poll() if hasattr(select, "poll") else None
+        for worker in self.workers:
+            self._watch(worker)
+
+    def _watch(self, worker: WorkerHandle) -> None:
+        assert worker.conn is not None
+        assert worker.process is not None
+        pipe, sentinel = worker.conn.fileno(), worker.process.sentinel
+        self._pipes[pipe] = self._sentinels[sentinel] = worker
         if self._poller is not None:
-            for fd in (*self._pipes, *self._sentinels):
-                self._poller.register(fd, select.POLLIN)
+            self._poller.register(pipe, select.POLLIN)
+            self._poller.register(sentinel, select.POLLIN)
+
+    def replaced(self, old: WorkerHandle, new: WorkerHandle) -> None:
+        """Worker ``old`` died and ``new`` took its place: watch the new one instead."""
+        for fds in (self._pipes, self._sentinels):
+            for fd in [fd for fd, worker in fds.items() if worker is old]:
+                del fds[fd]
+                if self._poller is not None:
+                    self._poller.unregister(fd)
+        self._watch(new)
 
     def _pack(self, key: Any) -> Any:
         return IndexTensor.pack(key)

@@ -111,6 +111,8 @@ class WorkerGroup:
         self.owner_pid = os.getpid()
         # Whether the workers' slabs travel by name (see ferry._engine.slabfile).
         self.named_slabs = False
+        # Dead workers that were replaced (max_worker_restarts), kept for their slabs.
+        self.replaced: list[WorkerHandle] = []
 
     def shutdown(self) -> None:
         """Stop every worker within about two seconds, whatever state it is in."""
@@ -148,6 +150,8 @@ class WorkerGroup:
                     remove_names(self.owner_pid, worker.pid)
             if worker.conn is not None:
                 worker.conn.close()
+            worker.slabs.close()
+        for worker in self.replaced:
             worker.slabs.close()
             if worker.thread is not None and worker.thread.is_alive():
                 worker.thread.join(max(0.0, deadline - time.monotonic()))
@@ -187,31 +191,55 @@ def _alive(worker: WorkerHandle) -> bool:
 
 def start_processes(group: WorkerGroup, configs: list[WorkerConfig], context: Any) -> None:
     for config in configs:
-        parent_end, child_end = context.Pipe(duplex=True)
-        process = context.Process(
-            target=process_worker_main,
-            args=(config, child_end),
-            name=f"ferry-worker-{config.worker_id}",
-            daemon=True,
-        )
-        worker = WorkerHandle(config.worker_id, process=process, conn=parent_end)
-        group.workers.append(worker)
-        try:
-            process.start()
-        except Exception as exc:
-            child_end.close()
-            if isinstance(exc, (TypeError, AttributeError, pickle.PicklingError)):
-                warnings.warn(
-                    "Got pickle error when attempting to start a worker Process: the "
-                    f"{context.get_start_method()!r} start method pickles what each worker "
-                    "needs (dataset, collate_fn, worker_init_fn), and one of them cannot be "
-                    "pickled; the error that follows names it.",
-                    UserWarning,
-                    stacklevel=5,
-                )
-            raise _explain_start_failure(exc, config, context) from exc
+        group.workers.append(_start_process(config, context))
+
+
+def replace_process(group: WorkerGroup, config: WorkerConfig, context: Any) -> WorkerHandle:
+    """Start a process in place of worker ``config.worker_id``, which died: the dead one's
+    pipe and process object are closed (its slabs stay mapped while batches use them)."""
+    old = group.workers[config.worker_id]
+    assert old.process is not None
+    old.process.join(0.1)
+    old.exitcode, old.ended = old.process.exitcode, True
+    if old.conn is not None:
+        old.conn.close()
+    with contextlib.suppress(ValueError):  # (still running only if join timed out)
+        old.process.close()
+    if group.named_slabs and old.pid is not None:
+        remove_names(group.owner_pid, old.pid)
+    new = _start_process(config, context)
+    group.workers[config.worker_id] = new
+    group.replaced.append(old)
+    return new
+
+
+def _start_process(config: WorkerConfig, context: Any) -> WorkerHandle:
+    parent_end, child_end = context.Pipe(duplex=True)
+    process = context.Process(
+        target=process_worker_main,
+        args=(config, child_end),
+        name=f"ferry-worker-{config.worker_id}",
+        daemon=True,
+    )
+    worker = WorkerHandle(config.worker_id, process=process, conn=parent_end)
+    try:
+        process.start()
+    except Exception as exc:
         child_end.close()
-        worker.pid = process.pid
+        parent_end.close()
+        if isinstance(exc, (TypeError, AttributeError, pickle.PicklingError)):
+            warnings.warn(
+                "Got pickle error when attempting to start a worker Process: the "
+                f"{context.get_start_method()!r} start method pickles what each worker "
+                "needs (dataset, collate_fn, worker_init_fn), and one of them cannot be "
+                "pickled; the error that follows names it.",
+                UserWarning,
+                stacklevel=6,
+            )
+        raise _explain_start_failure(exc, config, context) from exc
+    child_end.close()
+    worker.pid = process.pid
+    return worker
 
 
 def _explain_start_failure(exc: Exception, config: WorkerConfig, context: Any) -> Exception:

@@ -20,8 +20,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from typing_extensions import assert_never
@@ -29,7 +30,13 @@ from typing_extensions import assert_never
 from ferry._engine.channels import WorkerGone, WorkerMessage, open_channel
 from ferry._engine.cursor import Cursor, WorkerCursor
 from ferry._engine.fetch import DROPPED, Outcome
-from ferry._engine.group import WorkerGroup, WorkerHandle, start_processes, start_threads
+from ferry._engine.group import (
+    WorkerGroup,
+    WorkerHandle,
+    replace_process,
+    start_processes,
+    start_threads,
+)
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import Delivery, LoaderIterator, next_epoch_start
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume
@@ -37,7 +44,14 @@ from ferry._engine.plan import EpochPlan
 from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
 from ferry._engine.worker import WorkerConfig
 from ferry.distributed import _process_group_rank_world as process_group_rank_world
-from ferry.errors import WorkerDied, WorkerTimeout, add_note, describe_key, rebuild_exception
+from ferry.errors import (
+    WorkerDied,
+    WorkerRestartWarning,
+    WorkerTimeout,
+    add_note,
+    describe_key,
+    rebuild_exception,
+)
 
 __all__ = ["WorkerIterator"]
 
@@ -77,6 +91,7 @@ class WorkerIterator(LoaderIterator):
         self._finalizer = weakref.finalize(self, self._group.shutdown)
         self._fatal: BaseException | None = None
         self._next_task = 0
+        self._restarts = 0  # dead workers replaced by this iterator (max_worker_restarts)
         self._start_group()
 
     def _start_group(self) -> None:
@@ -105,6 +120,7 @@ class WorkerIterator(LoaderIterator):
             )
             for i in range(self._num_workers)
         ]
+        self._configs = configs
         if self._threads:
             if plan.iterable_style:
                 check_thread_sharding(plan.dataset)
@@ -184,7 +200,7 @@ class WorkerIterator(LoaderIterator):
         try:
             self._channel.send_task(worker, task, key)
         except WorkerGone as gone:
-            raise self._died(gone.worker) from None
+            self._replace(gone.worker)
 
     def _next_turn(self) -> int:
         candidate = self._turn
@@ -359,7 +375,8 @@ class WorkerIterator(LoaderIterator):
         try:
             return self._channel.receive(wait_for, self._in_flight)
         except WorkerGone as gone:
-            raise self._died(gone.worker) from None
+            self._replace(gone.worker)
+            return None
         except DescriptorLimitReached as exc:
             # Out of descriptors in this process, a slab was lost on its way: the worker's
             # later batches may refer to it, so the iterator cannot go on. (The same error
@@ -382,6 +399,48 @@ class WorkerIterator(LoaderIterator):
             what if count == 1 else f"{what} ({count} batches in flight)"
             for what, count in counts.items()
         )
+
+    def _replace(self, dead: WorkerHandle) -> None:
+        """A worker died: start another in its place, at the position after the last batch
+        it sent, and hand it the dead one's unfinished tasks again, in order, so the epoch's
+        batches are those an undisturbed run makes. Past ``max_worker_restarts`` (or for a
+        thread, which dies only of a bug of ours), raise :class:`WorkerDied`."""
+        died = self._died(dead)
+        limit = self._plan.failures.max_worker_restarts
+        if self._threads or self._restarts >= limit:
+            if limit and not self._threads:
+                add_note(died, f"(max_worker_restarts={limit}: {self._restarts} restarts used)")
+            raise died from None
+        self._restarts += 1
+        worker_id = dead.worker_id
+        position = self._latest[worker_id]
+        config = replace(
+            self._configs[worker_id],
+            resume=None if position == WorkerCursor() else position,
+            parent_pid=os.getpid(),
+        )
+        context = self._plan.multiprocessing_context or multiprocessing.get_context()
+        new = replace_process(self._group, config, context)
+        self._workers = self._group.workers
+        self._channel.replaced(dead, new)
+        unfinished = sorted(
+            number
+            for number, task in self._tasks.items()
+            if task.worker_id == worker_id and not task.arrived
+        )
+        warnings.warn(
+            f"{died}. It was replaced by a new worker process (pid {new.pid}; restart "
+            f"{self._restarts} of max_worker_restarts={limit}), which fetches its "
+            f"{len(unfinished)} unfinished batches again: the epoch goes on unchanged.",
+            WorkerRestartWarning,
+            stacklevel=2,
+        )
+        for number in unfinished:
+            task = self._tasks[number]
+            try:
+                self._channel.send_task(new, number, task.key)
+            except WorkerGone:
+                raise self._died(new) from None
 
     def _died(self, worker: WorkerHandle) -> WorkerDied:
         exitcode = None
