@@ -26,7 +26,16 @@ from multiprocessing.connection import wait
 from typing import Any, cast
 
 from ferry._engine.group import WorkerGroup, WorkerHandle
-from ferry._engine.messages import Done, Exhausted, Failed, Fetch, IndexTensor, NewSlab, Ready
+from ferry._engine.messages import (
+    Done,
+    Exhausted,
+    Failed,
+    Fetch,
+    IndexTensor,
+    NewSlab,
+    Ready,
+    Stack,
+)
 
 __all__ = [
     "Channel",
@@ -37,7 +46,7 @@ __all__ = [
     "open_channel",
 ]
 
-WorkerMessage = Ready | Done | Exhausted | Failed
+WorkerMessage = Ready | Done | Exhausted | Failed | Stack
 
 
 class WorkerGone(Exception):
@@ -77,6 +86,10 @@ class Channel(ABC):
     @abstractmethod
     def batch(self, worker_id: int, done: Done) -> Any:
         """The batch a :class:`Done` carries, ready for the user."""
+
+    def replaced(self, old: WorkerHandle, new: WorkerHandle) -> None:
+        """Worker ``old`` died and ``new`` took its place (process workers only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not replace workers")
 
 
 class ProcessChannel(Channel):
@@ -144,7 +157,7 @@ class ProcessChannel(Channel):
                 message = pickle.loads(worker.conn.recv_bytes())
         except (EOFError, OSError):
             raise WorkerGone(worker) from None
-        assert isinstance(message, (Ready, Done, Exhausted, Failed)), message
+        assert isinstance(message, (Ready, Done, Exhausted, Failed, Stack)), message
         return message
 
     def batch(self, worker_id: int, done: Done) -> Any:

@@ -27,7 +27,12 @@ from ferry._engine.messages import NewSlab, Stop
 from ferry._engine.plan import EpochPlan
 from ferry._engine.shm import SlabMaps
 from ferry._engine.slabfile import recv_fd, remove_names
-from ferry._engine.worker import WorkerConfig, process_worker_main, thread_worker_main
+from ferry._engine.worker import (
+    Activity,
+    WorkerConfig,
+    process_worker_main,
+    thread_worker_main,
+)
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -59,6 +64,8 @@ class WorkerHandle:
     # Once the group is shut down, the process object is closed: how it ended is kept here.
     ended: bool = False
     exitcode: int | None = None
+    # A thread worker's activity, which the main thread reads for stall reports.
+    activity: Activity | None = None
 
     # Like torch's ``iter(loader)._workers`` entries (multiprocessing processes), which user
     # code reads: ``pid``, ``exitcode``, ``is_alive()`` and ``join()`` answer also after the
@@ -267,13 +274,17 @@ def start_threads(group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPl
     pool = plan.buffer_pool
     for config in configs:
         inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        activity = Activity()
         thread = threading.Thread(
             target=thread_worker_main,
-            args=(config, inbox, group.outbox, pool, group.stopping),
+            args=(config, inbox, group.outbox, pool),
+            kwargs={"stopping": group.stopping, "activity": activity},
             name=f"ferry-worker-{config.worker_id}",
             daemon=True,
         )
         group.workers.append(
-            WorkerHandle(config.worker_id, thread=thread, inbox=inbox, pid=os.getpid())
+            WorkerHandle(
+                config.worker_id, thread=thread, inbox=inbox, pid=os.getpid(), activity=activity
+            )
         )
         thread.start()

@@ -8,6 +8,8 @@ main -> worker
                     main process no longer uses, so the worker may write them again.
     :class:`Resume` a new epoch begins (persistent workers): reopen the iterable stream.
     :class:`Stop`   finish: exit after the current task.
+    :class:`StackRequest` the loader is stalled: say what you are doing (answered by the
+                    process worker's reader thread, while its main thread is stuck).
 
 worker -> main
     :class:`Ready`     the worker ran its set-up (seeding, ``worker_init_fn``) and waits for tasks.
@@ -21,6 +23,8 @@ worker -> main
     :class:`Exhausted` the worker's iterable stream has ended; it had nothing for ``task``.
     :class:`Failed`    user code raised; carries the exception and its formatted traceback.
     :class:`Stop`      leaving: the worker's loop ended and its process is exiting.
+    :class:`Stack`     the answer to a :class:`StackRequest`: the task in progress, since
+                       when, and the Python stack of the worker's main thread.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ __all__ = [
     "NewSlab",
     "Ready",
     "Resume",
+    "Stack",
+    "StackRequest",
     "Stop",
 ]
 
@@ -81,6 +87,19 @@ class Resume:
 @dataclass(frozen=True)
 class Stop:
     pass
+
+
+@dataclass(frozen=True)
+class StackRequest:
+    pass
+
+
+@dataclass(frozen=True)
+class Stack:
+    worker_id: int
+    task: int | None  # the task being fetched (None: between tasks)
+    since: float  # time.monotonic() when it began (the clock is system-wide on Linux)
+    stack: str
 
 
 @dataclass(frozen=True)

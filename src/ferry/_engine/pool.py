@@ -17,6 +17,7 @@ exit, through ``weakref.finalize``.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import time
@@ -39,12 +40,14 @@ from ferry._engine.group import (
 )
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import Delivery, LoaderIterator, next_epoch_start
-from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume
+from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack, StackRequest
 from ferry._engine.plan import EpochPlan
 from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
+from ferry._engine.stall import STACK_REPLY_TIMEOUT, Pending, stall_message, thread_stacks
 from ferry._engine.worker import WorkerConfig
 from ferry.distributed import _process_group_rank_world as process_group_rank_world
 from ferry.errors import (
+    StallWarning,
     WorkerDied,
     WorkerRestartWarning,
     WorkerTimeout,
@@ -70,6 +73,7 @@ class _Task:
     fatal: bool = False  # the error ends the iterator (its worker could not start)
     position: WorkerCursor | None = None  # the worker's, after this batch
     outcome: Outcome | None = None  # on_error="skip": samples tried and dropped
+    sent: float = 0.0  # time.monotonic() when it was handed to the worker (stall reports)
 
 
 class WorkerIterator(LoaderIterator):
@@ -92,6 +96,10 @@ class WorkerIterator(LoaderIterator):
         self._fatal: BaseException | None = None
         self._next_task = 0
         self._restarts = 0  # dead workers replaced by this iterator (max_worker_restarts)
+        self._stall = plan.failures.stall_warning
+        self._waiting_since = 0.0  # when the loop began waiting for the batch it waits for
+        self._stall_reported = False
+        self._stacks: dict[int, Stack] = {}  # workers' answers to a stall report's request
         self._start_group()
 
     def _start_group(self) -> None:
@@ -195,7 +203,7 @@ class WorkerIterator(LoaderIterator):
         worker = self._workers[worker_id]
         task = self._epoch_base + number
         self._next_task = task + 1
-        self._tasks[task] = _Task(worker_id, key, number)
+        self._tasks[task] = _Task(worker_id, key, number, sent=time.monotonic())
         self._in_flight[worker_id] += 1
         try:
             self._channel.send_task(worker, task, key)
@@ -251,7 +259,9 @@ class WorkerIterator(LoaderIterator):
             # the loop asked counts as waited for.
             got = None if waited else self._poll(0.0)
             if got is None:
-                waited = True
+                if not waited:
+                    waited = True
+                    self._waiting_since, self._stall_reported = time.monotonic(), False
                 got = self._receive(deadline)
             self._handle(*got)
             if not self._in_order:
@@ -297,6 +307,9 @@ class WorkerIterator(LoaderIterator):
     def _handle(self, worker_id: int, message: WorkerMessage) -> None:
         match message:
             case Ready():
+                return
+            case Stack():
+                self._stacks[worker_id] = message
                 return
             case Failed(task=None):  # a bug of ours ended a thread worker
                 exc = self._worker_exception(message, f"while starting ({message.stage})")
@@ -369,6 +382,44 @@ class WorkerIterator(LoaderIterator):
             got = self._poll(left)
             if got is not None:
                 return got
+            if self._stall is not None and not self._stall_reported:
+                waited = time.monotonic() - self._waiting_since
+                if waited >= self._stall:
+                    self._stall_reported = True  # once per stall
+                    self._report_stall(waited)
+
+    def _report_stall(self, waited: float) -> None:
+        """Warn (:class:`StallWarning`) with what each worker holding unfinished batches is
+        doing (see :mod:`ferry._engine.stall`)."""
+        assert self._stall is not None
+        holding = sorted({task.worker_id for task in self._tasks.values() if not task.arrived})
+        if self._threads:
+            self._stacks = thread_stacks(self._workers, holding)
+        else:
+            self._stacks = {}
+            for worker_id in holding:
+                with contextlib.suppress(OSError):
+                    self._workers[worker_id].send(StackRequest())
+            deadline = time.monotonic() + STACK_REPLY_TIMEOUT
+            while set(holding) - self._stacks.keys():
+                left = deadline - time.monotonic()
+                got = self._poll(left) if left > 0 else None
+                if got is None:
+                    break
+                self._handle(*got)  # a Stack is stored in self._stacks
+        message = stall_message(
+            waited=waited,
+            limit=self._stall,
+            pending=[
+                Pending(n, t.worker_id, t.number, t.key, t.sent)
+                for n, t in self._tasks.items()
+                if not t.arrived
+            ],
+            waiting_for=self._next_yield,
+            holders={w: (self._workers[w].pid, self._stacks.get(w)) for w in holding},
+            iterable=self._iterable_style,
+        )
+        warnings.warn(message, StallWarning, stacklevel=5)
 
     def _poll(self, wait_for: float) -> tuple[int, WorkerMessage] | None:
         """A message from any worker within ``wait_for`` seconds (0: one already there)."""

@@ -17,7 +17,9 @@ import pickle
 import queue
 import random
 import signal
+import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +42,8 @@ from ferry._engine.messages import (
     NewSlab,
     Ready,
     Resume,
+    Stack,
+    StackRequest,
     Stop,
 )
 from ferry._engine.position import PositionKeeper
@@ -119,6 +123,26 @@ def seed_process(config: WorkerConfig) -> None:
     np.random.seed(words)
 
 
+class Activity:
+    """What a worker is doing, for stall reports: the task it is fetching and since when."""
+
+    __slots__ = ("since", "task")
+
+    def __init__(self) -> None:
+        self.task: int | None = None
+        self.since = time.monotonic()
+
+    def stack(self, worker_id: int, thread_id: int | None) -> Stack:
+        """This worker's :class:`Stack`: its activity and the stack of thread ``thread_id``."""
+        frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+        frames = traceback.extract_stack(frame) if frame is not None else []
+        # From the fetch down: what led to the worker loop (process start-up) is not news.
+        loop = [i for i, f in enumerate(frames) if f.name == run_worker_loop.__name__]
+        shown = frames[loop[-1] + 1 :] if loop else frames
+        text = "".join(traceback.format_list(shown)) if shown else "(no stack)\n"
+        return Stack(worker_id, self.task, self.since, text)
+
+
 def failure(task: int | None, worker_id: int, exc: BaseException, stage: str = "") -> Failed:
     """Describe an exception raised by user code so the main process can raise it again."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -139,8 +163,9 @@ def run_worker_loop(
     send: Callable[[Any], None],
     allocator: Allocator | None,
     slabs: SlabAllocator | None,
-    send_slab: Callable[[int], None] | None,
+    announce: Callable[[NewSlab, int | None], None] | None,
     stopping: threading.Event,
+    activity: Activity,
 ) -> None:
     """Answer tasks until :class:`Stop`, or until ``stopping`` is set (checked before each
     fetch, so tasks queued behind a stop request are not fetched). Shared by process and
@@ -177,6 +202,7 @@ def run_worker_loop(
         if slabs is not None:
             slabs.begin(message.freed)
         outcome = None
+        activity.since, activity.task = time.monotonic(), message.task
         try:
             with using_allocator(allocator):
                 batch = fetcher.fetch(IndexTensor.unpack(message.key))
@@ -208,12 +234,12 @@ def run_worker_loop(
                 # again in the main process, it ends the epoch there, as in torch.
                 send(failure(message.task, config.worker_id, exc))
             continue
+        finally:
+            activity.task = None
         for slab in used:
             if not slab.announced:
-                send(NewSlab(slab.id, slab.size, slab.name))
-                if slab.fd is not None:
-                    assert send_slab is not None
-                    send_slab(slab.fd)
+                assert announce is not None
+                announce(NewSlab(slab.id, slab.size, slab.name), slab.fd)
                 slab.shared()
                 slab.announced = True
         send(Done(message.task, payload, tuple(s.id for s in used), report, timing, outcome))
@@ -224,16 +250,22 @@ def _watch_parent(
     inbox: queue.SimpleQueue[Any],
     parent_pid: int,
     stopping: threading.Event,
+    *,
     main_pid: int,
+    answer_stack: Callable[[], None],
 ) -> None:
     """Reader thread of a process worker: drain the connection, and end the worker at once if
     the main process is gone (its end of the connection closed, or the worker was re-parented:
     ``parent_pid`` is the parent at start-up, the main process or a forkserver). Names of
-    slab files this worker made for ``main_pid`` are removed first."""
+    slab files this worker made for ``main_pid`` are removed first. A stall report's request
+    is answered here, since the worker's main thread is the one that is stuck."""
     while True:
         try:
             if conn.poll(PARENT_CHECK_INTERVAL):
                 message = pickle.loads(conn.recv_bytes())
+                if isinstance(message, StackRequest):
+                    answer_stack()
+                    continue
                 if isinstance(message, Stop):
                     stopping.set()
                 inbox.put(message)
@@ -259,20 +291,36 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
     inherit_rank_world(config.rank_world)
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     stopping = threading.Event()
+    activity = Activity()
+    # The main thread and the reader thread (stall reports) both write to the connection.
+    sending = threading.Lock()
+    main_thread = threading.get_ident()
+
+    def send(message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with sending:
+            conn.send_bytes(data)
+
+    def announce(slab: NewSlab, fd: int | None) -> None:
+        # The descriptor follows its announcement on the socket, with nothing in between.
+        data = pickle.dumps(slab, protocol=pickle.HIGHEST_PROTOCOL)
+        with sending:
+            conn.send_bytes(data)
+            if fd is not None:
+                send_fd(conn, fd)
+
+    def answer_stack() -> None:
+        send(activity.stack(config.worker_id, main_thread))
+
     reader = threading.Thread(
         target=_watch_parent,
-        args=(conn, inbox, os.getppid(), stopping, config.parent_pid),
+        args=(conn, inbox, os.getppid(), stopping),
+        kwargs={"main_pid": config.parent_pid, "answer_stack": answer_stack},
         name=f"ferry-worker-{config.worker_id}-reader",
         daemon=True,
     )
     reader.start()
     slabs = SlabAllocator(config.parent_pid, config.named_slabs) if SLABS_SUPPORTED else None
-
-    def send_slab(fd: int) -> None:
-        send_fd(conn, fd)
-
-    def send(message: Any) -> None:
-        conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     try:
         run_worker_loop(
@@ -281,8 +329,9 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
             send=send,
             allocator=slabs,
             slabs=slabs,
-            send_slab=send_slab,
+            announce=announce,
             stopping=stopping,
+            activity=activity,
         )
         send(Stop())  # leaving: the main process waits for the interpreter to finish
     except (BrokenPipeError, EOFError, ConnectionResetError):
@@ -297,9 +346,12 @@ def thread_worker_main(
     inbox: queue.SimpleQueue[Any],
     outbox: queue.SimpleQueue[Any],
     allocator: Allocator,
+    *,
     stopping: threading.Event,
+    activity: Activity,
 ) -> None:
-    """Entry point of a worker thread: same loop, objects passed as they are."""
+    """Entry point of a worker thread: same loop, objects passed as they are (the main thread
+    reads ``activity``, and this thread's stack, itself for stall reports)."""
     set_thread_worker_info(config.info())
     worker_id = config.worker_id
 
@@ -313,8 +365,9 @@ def thread_worker_main(
             send=send,
             allocator=allocator,
             slabs=None,
-            send_slab=None,
+            announce=None,
             stopping=stopping,
+            activity=activity,
         )
     except BaseException as exc:  # a bug of ours: let the main thread see it rather than hang
         send(failure(None, worker_id, exc))

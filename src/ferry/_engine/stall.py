@@ -1,0 +1,102 @@
+"""Stall reports: what each worker is doing when no batch has come for ``stall_warning`` s.
+
+The report names every worker that holds unfinished batches, the batch it is fetching (its
+indices, and for how long), the batches queued behind it, and the Python stack of the
+worker's main thread: read directly for a thread worker, and for a process worker asked of
+its reader thread, which answers while the main thread is stuck (a worker stuck in native code
+that holds the GIL cannot answer; the report says so). The training loop keeps waiting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from ferry._engine.group import WorkerHandle
+from ferry._engine.messages import Stack
+from ferry.errors import describe_key
+
+__all__ = ["STACK_REPLY_TIMEOUT", "stall_message", "thread_stacks"]
+
+# How long the main process waits for process workers to answer with their stacks.
+STACK_REPLY_TIMEOUT = 1.0
+
+
+class Pending(NamedTuple):
+    """An unfinished task."""
+
+    task: int  # the engine's task number
+    worker_id: int
+    number: int  # the batch's number in the epoch
+    key: Any
+    sent: float  # time.monotonic() when it was handed to the worker
+
+
+def thread_stacks(workers: Sequence[WorkerHandle], worker_ids: list[int]) -> dict[int, Stack]:
+    """What thread workers ``worker_ids`` are doing, read from the main thread."""
+    stacks = {}
+    for worker_id in worker_ids:
+        worker = workers[worker_id]
+        if worker.activity is not None and worker.thread is not None:
+            stacks[worker_id] = worker.activity.stack(worker_id, worker.thread.ident)
+    return stacks
+
+
+def stall_message(
+    *,
+    waited: float,
+    limit: float,
+    pending: list[Pending],
+    waiting_for: int,
+    holders: dict[int, tuple[int | None, Stack | None]],
+    iterable: bool,
+) -> str:
+    """The report: ``pending`` tasks, the loop ``waiting_for`` task number, and for each
+    worker that holds some, its pid and its answer (None: it gave none)."""
+    batch = next((p.number for p in pending if p.task == waiting_for), None)
+    what = f"batch {batch}" if batch is not None else "the next batch"
+    lines = [
+        f"DataLoader stalled: the training loop has waited {waited:.0f} s for {what} "
+        f"(stall_warning={limit:g}). Workers holding unfinished batches:"
+    ]
+    for worker_id, (pid, stack) in sorted(holders.items()):
+        tasks = sorted(p for p in pending if p.worker_id == worker_id)
+        lines.extend(_describe_holder(f"  worker {worker_id} (pid {pid})", stack, tasks, iterable))
+    if not holders:
+        lines.append("  none: every batch asked for has arrived (a bug of ferry's: please report)")
+    lines.append(
+        "Training goes on waiting. Set timeout=SECONDS to raise instead, or stall_warning=None "
+        "to silence this report."
+    )
+    return "\n".join(lines)
+
+
+def _describe_holder(
+    head: str, stack: Stack | None, tasks: list[Pending], iterable: bool
+) -> list[str]:
+    now = time.monotonic()
+    current = next((t for t in tasks if stack is not None and t.task == stack.task), None)
+    if current is not None:
+        assert stack is not None
+        lines = [
+            f"{head}: fetching batch {current.number} ({describe_key(current.key, iterable)}) "
+            f"for {now - stack.since:.1f} s"
+        ]
+        tasks = [t for t in tasks if t is not current]
+    elif stack is not None:
+        lines = [f"{head}: between batches (in user code outside a fetch, or starting up)"]
+    else:
+        lines = [
+            f"{head}: did not answer within {STACK_REPLY_TIMEOUT:g} s (native code holding the "
+            "GIL, or a stopped process)"
+        ]
+    lines += [
+        f"    then batch {number} ({describe_key(key, iterable)}), handed to it "
+        f"{now - sent:.1f} s ago"
+        for _, _, number, key, sent in tasks
+    ]
+    if stack is not None:
+        lines.append("    its stack (most recent call last):")
+        lines += ["    " + line for line in stack.stack.rstrip().splitlines()]
+    return lines
