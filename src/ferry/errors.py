@@ -20,9 +20,12 @@ which also searches notes, matches torch's phrase, and ``str(exc)`` is the user'
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
+import sys
 import traceback
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +64,18 @@ def _add_note_by_hand(exc: BaseException, note: str) -> None:
     notes.append(note)
     if exc.__cause__ is None or isinstance(exc.__cause__, WorkerTraceback):
         exc.__cause__ = WorkerTraceback("\n".join(notes))
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_from_user_code(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` attributed to the first caller outside ferry (the training loop), where
+    the engine that warns is called from varies in depth."""
+    level, frame = 2, sys._getframe(1)  # 2: the caller of this function
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+    warnings.warn(message, category, stacklevel=level)
 
 
 def describe_key(key: Any, iterable: bool, limit: int = 16) -> str:

@@ -35,7 +35,13 @@ from ferry._validate import (
 )
 from ferry.collate import default_collate, default_convert
 from ferry.datasets import is_iterable_style
-from ferry.samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from ferry.samplers import (
+    BatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    _StreamSampler,
+)
 from ferry.stats import LoaderStats, StatsRecorder
 
 __all__ = ["DataLoader"]
@@ -51,28 +57,21 @@ _FROZEN_AFTER_INIT = frozenset(
 )
 
 
-class _StreamSampler(Sampler[None]):
-    """The sampler of an iterable-style dataset: one ``None`` per sample, without end.
-
-    Kept so ``loader.sampler``/``loader.batch_sampler`` exist as in torch; the stream itself
-    decides where the epoch ends.
-    """
-
-    def __iter__(self) -> Iterator[None]:
-        while True:
-            yield None
-
-
 class DataLoader(TorchDataLoader[T_co]):
     """Iterates over a dataset in batches, in the main process or in worker processes/threads.
 
     Same signature, defaults, validation and sample order as ``torch.utils.data.DataLoader``,
     and a subclass of it, so libraries that check ``isinstance(loader, DataLoader)`` (Lightning,
     accelerate) treat it as one; none of torch's loader code runs on it.
-    ferry adds one keyword-only option, whose default keeps torch's behaviour:
+    ferry's keyword-only options (defaults keep torch's behaviour):
 
     * ``worker_type``: ``"process"`` (default) or ``"thread"``; thread workers share the dataset
       without pickling and start in microseconds.
+    * ``on_error="skip"`` with ``max_errors``: drop the samples whose fetch raises, within a
+      budget; ``max_worker_restarts``: replace dead worker processes, same batches;
+      ``stall_warning``: seconds without a batch before a report of what the workers are doing
+      (see :mod:`ferry._engine.failures`).
+    * ``num_workers="auto"`` / ``prefetch_factor="auto"``: chosen and tuned by the loader.
 
     It also resumes mid-epoch exactly, with the API of torchdata's ``StatefulDataLoader``:
     :meth:`state_dict` and :meth:`load_state_dict` (and its ``snapshot_every_n_steps`` option).

@@ -461,3 +461,15 @@ def _rebatch(chunks: Iterator[torch.Tensor], size: int, drop_last: bool) -> Iter
                 pending, pending_len = [], 0
     if pending and not drop_last:
         yield torch.cat(pending)
+
+
+class _StreamSampler(Sampler[None]):
+    """The sampler of an iterable-style dataset: one ``None`` per sample, without end.
+
+    Kept so ``loader.sampler``/``loader.batch_sampler`` exist as in torch; the stream itself
+    decides where the epoch ends.
+    """
+
+    def __iter__(self) -> Iterator[None]:
+        while True:
+            yield None

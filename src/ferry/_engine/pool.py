@@ -21,7 +21,6 @@ import contextlib
 import multiprocessing
 import os
 import time
-import warnings
 import weakref
 from dataclasses import dataclass, replace
 from typing import Any
@@ -54,6 +53,7 @@ from ferry.errors import (
     add_note,
     describe_key,
     rebuild_exception,
+    warn_from_user_code,
 )
 
 __all__ = ["WorkerIterator"]
@@ -419,7 +419,7 @@ class WorkerIterator(LoaderIterator):
             holders={w: (self._workers[w].pid, self._stacks.get(w)) for w in holding},
             iterable=self._iterable_style,
         )
-        warnings.warn(message, StallWarning, stacklevel=5)
+        warn_from_user_code(message, StallWarning)
 
     def _poll(self, wait_for: float) -> tuple[int, WorkerMessage] | None:
         """A message from any worker within ``wait_for`` seconds (0: one already there)."""
@@ -479,12 +479,11 @@ class WorkerIterator(LoaderIterator):
             for number, task in self._tasks.items()
             if task.worker_id == worker_id and not task.arrived
         )
-        warnings.warn(
+        warn_from_user_code(
             f"{died}. It was replaced by a new worker process (pid {new.pid}; restart "
             f"{self._restarts} of max_worker_restarts={limit}), which fetches its "
             f"{len(unfinished)} unfinished batches again: the epoch goes on unchanged.",
             WorkerRestartWarning,
-            stacklevel=2,
         )
         for number in unfinished:
             task = self._tasks[number]
