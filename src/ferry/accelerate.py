@@ -138,7 +138,8 @@ def install() -> None:
     """Make accelerate build the loaders it prepares with :class:`ferry.DataLoader`.
 
     Replaces ``accelerate.data_loader.DataLoader`` with ``ferry.DataLoader`` and adds ferry's
-    own keywords (``worker_type``, ``snapshot_every_n_steps``) with their defaults to
+    own keywords (``worker_type``, ``on_error``, ...: every keyword torch's loader lacks) with
+    their defaults to
     ``accelerate.data_loader._PYTORCH_DATALOADER_KWARGS``, so that ``Accelerator.prepare`` and
     ``skip_first_batches`` keep ferry's engine and options. Calling it again does nothing.
 

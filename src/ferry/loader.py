@@ -138,9 +138,14 @@ class DataLoader(TorchDataLoader[T_co]):
         num_workers, prefetch_factor = worker_options(
             num_workers, prefetch_factor, timeout, persistent_workers
         )
-        self._failures = FailurePolicy.from_options(
+        # Checked now; kept as attributes (as every option is), which libraries that rebuild
+        # a loader from its attributes (Lightning, accelerate) carry over.
+        failures = FailurePolicy.from_options(
             on_error, max_errors, max_worker_restarts, stall_warning
         )
+        self.on_error, self.max_errors = failures.on_error, failures.max_errors
+        self.max_worker_restarts = failures.max_worker_restarts
+        self.stall_warning = failures.stall_warning
         snapshot_every_n_steps = as_int(
             "snapshot_every_n_steps", snapshot_every_n_steps, allow_bool=False
         )
@@ -447,7 +452,9 @@ class DataLoader(TorchDataLoader[T_co]):
             buffer_pool=self._buffer_pool(),
             reported_length=self._IterableDataset_len_called,
             snapshot_every=self.snapshot_every_n_steps,
-            failures=self._failures,
+            failures=FailurePolicy.from_options(
+                self.on_error, self.max_errors, self.max_worker_restarts, self.stall_warning
+            ),
         )
 
     def __len__(self) -> int:

@@ -277,13 +277,16 @@ def test_thread_workers_survive_prepare_and_skip() -> None:
 
     expected, _, torch_skipped = run(tud)
     with ferry.accelerate.installed():
-        got, prepared, skipped = run(ferry, num_workers=2, worker_type="thread")
+        got, prepared, skipped = run(
+            ferry, num_workers=2, worker_type="thread", on_error="skip", max_errors=3
+        )
     assert got == expected
     assert expected[0] != expected[1]  # reshuffled between epochs
     for loader in (prepared.base_dataloader, skipped.base_dataloader):
         assert type(loader) is ferry.DataLoader
         assert loader.worker_type == "thread"
         assert loader.num_workers == 2
+        assert (loader.on_error, loader.max_errors) == ("skip", 3)
     torch.manual_seed(8)
     skipped_batches = _flat(skipped)
     torch.manual_seed(8)
@@ -302,6 +305,10 @@ def test_install_uninstall_restore_accelerate() -> None:
         *options,
         ("worker_type", "process"),
         ("snapshot_every_n_steps", 1),
+        ("on_error", "raise"),
+        ("max_errors", None),
+        ("max_worker_restarts", 0),
+        ("stall_warning", 300.0),
     ]
     with ferry.accelerate.installed():  # nested: leaves the outer install in place
         pass
@@ -330,7 +337,14 @@ def test_ferry_only_options_are_the_signature_difference() -> None:
     extra = set(inspect.signature(ferry.DataLoader).parameters) - torch_names
     with ferry.accelerate.installed():
         added = set(acc_dl._PYTORCH_DATALOADER_KWARGS) - set(torch_names)
-    assert added == extra == {"worker_type", "snapshot_every_n_steps"}
+    assert added == extra == {
+        "worker_type",
+        "snapshot_every_n_steps",
+        "on_error",
+        "max_errors",
+        "max_worker_restarts",
+        "stall_warning",
+    }
 
 
 def test_install_warns_on_an_unchecked_version(monkeypatch: pytest.MonkeyPatch) -> None:
