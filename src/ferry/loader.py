@@ -411,13 +411,14 @@ class DataLoader(TorchDataLoader[T_co]):
         plan = self._plan()
         pending, self._pending = self._pending, None
         resume = pending[0] if pending is not None else None
+        budget = self._last_track.budget if self._last_track is not None else None
         iterator: LoaderIterator
         if self.num_workers == 0:
-            iterator = InlineIterator(plan, resume)
+            iterator = InlineIterator(plan, resume, budget)
         else:
             from ferry._engine.pool import WorkerIterator
 
-            iterator = WorkerIterator(plan, resume)
+            iterator = WorkerIterator(plan, resume, budget)
         self._last_track = iterator._track
         self._last_loaded = pending
         return iterator

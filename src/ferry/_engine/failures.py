@@ -135,7 +135,9 @@ class SkipBudget:
             if len(self.details) < _SUMMARY_LIMIT:
                 self.details.append(sample)
             logger.warning("ferry.DataLoader skipped %s", sample.describe())
-        if dropped and self.exceeded():
+        # (a fraction is judged on every batch: the samples seen may just have reached the
+        # minimum, after failures that came before it)
+        if (dropped or isinstance(self.max_errors, float)) and self.exceeded():
             raise TooManyErrors(self.summary())
 
     def exceeded(self) -> bool:

@@ -212,14 +212,14 @@ class IterableFetcher(_TimedFetch):
         """``on_error="skip"``: an item whose reading raises is dropped and the stream goes on
         (the batch is filled from the next items). A Python generator that raised is finished,
         so its stream ends there; an iterator object whose ``__next__`` raised is asked again.
-        After as many failures in a row as the batch has samples, the batch is handed out as it
+        After many failures in a row (the batch size, at least 32), the batch is handed out as it
         is, so the main process can judge the error budget."""
         start = perf_counter()
         wanted = 1 if count is None else count
         samples: list[Any] = []
         dropped: list[SkippedSample] = []
-        in_a_row = 0
-        while len(samples) < wanted and in_a_row < wanted:
+        in_a_row, patience = 0, max(wanted, 32)
+        while len(samples) < wanted and in_a_row < patience:
             try:
                 sample = next(self.stream)
             except StopIteration:

@@ -76,11 +76,15 @@ class EpochTrack:
     it).
     """
 
-    def __init__(self, plan: EpochPlan, keys: EpochKeys, cursor: Cursor) -> None:
+    def __init__(
+        self, plan: EpochPlan, keys: EpochKeys, cursor: Cursor, budget: SkipBudget | None = None
+    ) -> None:
+        self.budget = budget if budget is not None else SkipBudget(None)
         self.renew(plan, keys, cursor)
 
     def renew(self, plan: EpochPlan, keys: EpochKeys, cursor: Cursor) -> None:
-        """Start tracking the epoch ``cursor`` opens."""
+        """Start tracking the epoch ``cursor`` opens (its skip budget goes on if the cursor's
+        counts are the budget's)."""
         self.plan = plan
         self.keys = keys
         # The cursor's fixed part, and its moving parts kept as plain mutable fields: the
@@ -96,10 +100,9 @@ class EpochTrack:
         # Where the epoch's time goes (ferry.stats), kept beside the cursor.
         self.stats = StatsRecorder(max(plan.num_workers, 1))
         # on_error="skip": the samples dropped so far in the run (counts are in the cursor).
-        budget = getattr(self, "budget", None)
-        if budget is None or (budget.skipped, budget.seen) != (cursor.skipped, cursor.seen):
-            budget = SkipBudget(plan.failures.max_errors, cursor.skipped, cursor.seen)
-        self.budget = budget
+        if (self.budget.skipped, self.budget.seen) != (cursor.skipped, cursor.seen):
+            self.budget = SkipBudget(None, cursor.skipped, cursor.seen)
+        self.budget.max_errors = plan.failures.max_errors  # (the loader's may have changed)
 
     def delivered(self, number: int, worker_id: int, worker: WorkerCursor | None) -> None:
         """The user now has batch ``number`` (made by ``worker_id``, which then stood at
@@ -178,13 +181,20 @@ class LoaderIterator:
 
     _track: EpochTrack
 
-    def __init__(self, plan: EpochPlan, resume: Cursor | None = None) -> None:
+    def __init__(
+        self, plan: EpochPlan, resume: Cursor | None = None, budget: SkipBudget | None = None
+    ) -> None:
         self._plan = plan
         self._iterable_style = plan.iterable_style
         self._gathers = (
             one_call_gather(plan.dataset, plan.auto_collation, plan.collate_fn) is not None
         )
-        self._open_epoch(resume if resume is not None else Cursor.zero())
+        # The skip budget spans the run: a fresh epoch goes on with the last iterator's.
+        start = resume if resume is not None else Cursor.zero()
+        if resume is None and budget is not None:
+            start = replace(start, skipped=budget.skipped, seen=budget.seen)
+        self._carried_budget = budget
+        self._open_epoch(start)
         self._track.loaded = resume
 
     # -- the epoch and its cursor --------------------------------------------------------------
@@ -247,7 +257,7 @@ class LoaderIterator:
             seen=start.seen,
         )
         if getattr(self, "_track", None) is None:
-            self._track = EpochTrack(plan, keys, cursor)
+            self._track = EpochTrack(plan, keys, cursor, self._carried_budget)
         else:  # the loader holds this track: renew it in place
             self._track.renew(plan, keys, cursor)
 
@@ -377,14 +387,16 @@ class LoaderIterator:
 class InlineIterator(LoaderIterator):
     """``num_workers=0``: every batch is fetched in the caller's thread."""
 
-    def __init__(self, plan: EpochPlan, resume: Cursor | None = None) -> None:
+    def __init__(
+        self, plan: EpochPlan, resume: Cursor | None = None, budget: SkipBudget | None = None
+    ) -> None:
         if plan.timeout > 0:
             raise AssertionError(
                 "loading in the main process (num_workers=0) requires timeout == 0: timeout is "
                 f"how long to wait for a worker, got timeout={plan.timeout}; set num_workers > 0 "
                 "or leave timeout at 0"
             )
-        super().__init__(plan, resume)
+        super().__init__(plan, resume, budget)
         self._skip = plan.failures.skip
         self._allocator = plan.buffer_pool
         # Made after the base seed is drawn: an iterable dataset's stream opens here, as in

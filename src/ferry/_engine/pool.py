@@ -29,6 +29,7 @@ from typing_extensions import assert_never
 
 from ferry._engine.channels import WorkerGone, WorkerMessage, open_channel
 from ferry._engine.cursor import Cursor, WorkerCursor
+from ferry._engine.failures import SkipBudget
 from ferry._engine.fetch import DROPPED, Outcome
 from ferry._engine.group import (
     WorkerGroup,
@@ -79,13 +80,15 @@ class _Task:
 class WorkerIterator(LoaderIterator):
     """``num_workers > 0``: batches are made by worker processes or threads."""
 
-    def __init__(self, plan: EpochPlan, resume: Cursor | None = None) -> None:
+    def __init__(
+        self, plan: EpochPlan, resume: Cursor | None = None, budget: SkipBudget | None = None
+    ) -> None:
         if not plan.prefetch_factor:
             # torch refuses it too (when the iterator is made): no batch could ever be asked.
             raise ValueError(
                 f"prefetch_factor must be >= 1 with num_workers > 0, got {plan.prefetch_factor}"
             )
-        super().__init__(plan, resume)
+        super().__init__(plan, resume, budget)
         self._num_workers = plan.num_workers
         self._prefetch = plan.prefetch_factor
         self._in_order = plan.in_order
