@@ -123,6 +123,12 @@ def too_many_workers(num_workers: int, worker_type: str) -> str | None:
     )
 
 
+NO_ACCELERATOR = (
+    "'pin_memory' argument is set as true but no accelerator is found, then device pinned "
+    "memory won't be used: batches are returned in ordinary (unpinned) memory"
+)
+
+
 def pin_device_deprecated(device: str) -> str:
     """The warning for ``pin_memory_device``, deprecated in torch."""
     return (

@@ -27,6 +27,7 @@ from ferry._engine.plan import EpochPlan
 from ferry._engine.resume import fit_workers, identity_of, warn_replay
 from ferry._torch_types import TorchDataLoader
 from ferry._validate import (
+    NO_ACCELERATOR,
     as_context,
     as_int,
     pin_device_deprecated,
@@ -426,8 +427,9 @@ class DataLoader(TorchDataLoader[T_co]):
     def _plan(self) -> EpochPlan:
         """This loader's parts and options as the next epoch will use them."""
         pin = self.pin_memory and accelerator_available()
-        if self.pin_memory and not pin:
-            self._warn_no_accelerator()
+        if self.pin_memory and not pin and not self._warned_no_accelerator:
+            self._warned_no_accelerator = True
+            warnings.warn(NO_ACCELERATOR, UserWarning, stacklevel=4)
         if self.pin_memory and self.pin_memory_device and not self._warned_pin_device:
             self._warned_pin_device = True
             warnings.warn(pin_device_deprecated(self.pin_memory_device), UserWarning, stacklevel=4)
@@ -477,16 +479,6 @@ class DataLoader(TorchDataLoader[T_co]):
             if self._pool is None:
                 self._pool = BufferPool()
             return self._pool
-
-    def _warn_no_accelerator(self) -> None:
-        if not self._warned_no_accelerator:
-            self._warned_no_accelerator = True
-            warnings.warn(
-                "'pin_memory' argument is set as true but no accelerator is found, then device "
-                "pinned memory won't be used: batches are returned in ordinary (unpinned) memory",
-                UserWarning,
-                stacklevel=5,
-            )
 
     def check_worker_number_rationality(self) -> None:
         """Warn when ``num_workers`` exceeds the CPUs this process may run on (or when that
