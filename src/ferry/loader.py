@@ -319,9 +319,12 @@ class DataLoader(TorchDataLoader[T_co]):
         current = (self.num_workers, self.prefetch_factor)
         chosen = self._tuner.after_epoch(self.stats(), current)
         if chosen != current:
+            # Persistent workers are replaced; going through the state between epochs keeps
+            # their base seed (a fresh iterator would draw one, and shuffle differently).
+            between = self.state_dict() if self._live_iterator is not None else None
             self.num_workers, self.prefetch_factor = chosen
-            if self._live_iterator is not None:
-                self._replace_iterator(None)
+            if between is not None:
+                self.load_state_dict(between)
 
     # -- resume --------------------------------------------------------------------------------
 

@@ -337,14 +337,18 @@ def test_ferry_only_options_are_the_signature_difference() -> None:
     extra = set(inspect.signature(ferry.DataLoader).parameters) - torch_names
     with ferry.accelerate.installed():
         added = set(acc_dl._PYTORCH_DATALOADER_KWARGS) - set(torch_names)
-    assert added == extra == {
-        "worker_type",
-        "snapshot_every_n_steps",
-        "on_error",
-        "max_errors",
-        "max_worker_restarts",
-        "stall_warning",
-    }
+    assert (
+        added
+        == extra
+        == {
+            "worker_type",
+            "snapshot_every_n_steps",
+            "on_error",
+            "max_errors",
+            "max_worker_restarts",
+            "stall_warning",
+        }
+    )
 
 
 def test_install_warns_on_an_unchecked_version(monkeypatch: pytest.MonkeyPatch) -> None:

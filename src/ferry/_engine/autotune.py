@@ -89,6 +89,7 @@ MEMORY_SHARE = 0.1
 """Share of the available memory the prefetched batches may take (rule 2)."""
 
 Goal = Literal["faster", "leaner"]
+_STREAM_KEEPS_COUNT = "a stream keeps its worker count, which decides its shards"
 
 
 @dataclass(frozen=True)
@@ -121,20 +122,23 @@ class Tuner:
         num_workers: int | None,
         prefetch_factor: int | None,
         *,
+        auto_prefetch: bool,
         iterable: bool,
         worker_type: str,
         cpus: int | None,
         memory: int | None,
     ) -> None:
-        """``num_workers``/``prefetch_factor``: None where "auto", else the user's value.
-        ``cpus``: the CPUs this loader may use (None: unknown); ``memory``: the bytes of
-        memory available (None: unknown)."""
+        """``num_workers``: None where "auto", else the user's value; ``prefetch_factor``: the
+        user's value where not ``auto_prefetch``. ``cpus``: the CPUs this loader may use (None:
+        unknown); ``memory``: the bytes of memory available (None: unknown)."""
         self._fixed_workers = num_workers
         self._fixed_prefetch = prefetch_factor
+        self._auto_prefetch = auto_prefetch
         self._iterable = iterable
         self._threads = worker_type == "thread"
         self._cpus = cpus
         self._memory = memory
+        self._epochs = 0  # full epochs seen by after_epoch
         self._trial: _Trial | None = None
         self._tried: set[Setting] = set()
         self._settled = False
@@ -145,24 +149,33 @@ class Tuner:
         cls, num_workers: object, prefetch_factor: object, *, iterable: bool, worker_type: str
     ) -> Tuner | None:
         """A tuner when either option is ``"auto"`` (None otherwise: the loader validates the
-        options as usual). A non-auto value is passed on as given, for the loader to check."""
+        options as usual). Out-of-range values of the other option are left for the loader's
+        checks to reject, with their usual messages."""
         for name, value in (("num_workers", num_workers), ("prefetch_factor", prefetch_factor)):
             if isinstance(value, str) and value != "auto":
-                # torch's TypeError for a string (it compares it with 0), naming what works.
+                # torch raises TypeError for a string too (comparing it with 0).
                 raise TypeError(f'{name} must be an integer or "auto", got {value!r} (str)')
         auto_workers, auto_prefetch = num_workers == "auto", prefetch_factor == "auto"
         if not (auto_workers or auto_prefetch):
             return None
-        fixed_workers = None if auto_workers else as_int("num_workers", num_workers, allow_bool=True)
+        fixed_workers = (
+            None if auto_workers else as_int("num_workers", num_workers, allow_bool=True)
+        )
         if auto_prefetch and fixed_workers == 0:
             raise ValueError(
                 "prefetch_factor option could only be specified in multiprocessing: it is the "
                 "number of batches each worker loads ahead, so with num_workers=0 leave it None "
                 "(or set num_workers > 0 or 'auto'), got prefetch_factor='auto'"
             )
+        fixed_prefetch = (
+            None
+            if auto_prefetch or prefetch_factor is None
+            else as_int("prefetch_factor", prefetch_factor, allow_bool=True)
+        )
         return cls(
             fixed_workers,
-            None if auto_prefetch else prefetch_factor,  # type: ignore[arg-type]
+            fixed_prefetch,
+            auto_prefetch=auto_prefetch,
             iterable=iterable,
             worker_type=worker_type,
             cpus=cpus_for_this_process(),
@@ -171,38 +184,42 @@ class Tuner:
 
     # -- the policy ----------------------------------------------------------------------------
 
-    def first(self) -> tuple[int, int | None]:
-        """The setting of the first epoch (prefetch None only for a fixed ``num_workers=0``)."""
-        workers_why = prefetch_why = "as given"
-        workers = self._fixed_workers
+    def first(self) -> tuple[int, int]:
+        """The setting of the first epoch."""
+        workers, prefetch = self._fixed_workers, self._fixed_prefetch
+        parts = []
         if workers is None:
             cap = THREAD_START_CAP if self._threads else PROCESS_START_CAP
-            kind = "thread" if self._threads else "process"
             workers = max(1, min(self._limit, cap))
-            workers_why = f"{self._cpus_text}; {kind} workers start at one per CPU, at most {cap}"
-        prefetch = self._fixed_prefetch
-        if prefetch is None and self._tuned_prefetch:
-            prefetch, prefetch_why = DEFAULT_PREFETCH, "torch's default"
-        self.reason = (
-            f"num_workers={workers} ({workers_why}), prefetch_factor={prefetch} ({prefetch_why}); "
-            f"tuned after each epoch of at least {MIN_BATCHES} batches"
-        )
-        if self._iterable and self._fixed_workers is None:
-            self.reason += "; a stream keeps its worker count, which decides its shards"
-        return workers, prefetch if workers else None
+            kind = "thread" if self._threads else "process"
+            parts.append(
+                f"{self._cpus_text}, and {kind} workers start at one per CPU (at most {cap})"
+            )
+            if self._iterable:
+                parts.append(_STREAM_KEEPS_COUNT)
+        if prefetch is None:
+            prefetch = DEFAULT_PREFETCH
+            if self._auto_prefetch:
+                parts.append("prefetch_factor starts at torch's default")
+        parts.append(f"tuned after each epoch of at least {MIN_BATCHES} batches")
+        self.reason = f"{_text((workers, prefetch))}: {'; '.join(parts)}"
+        return workers, prefetch
 
-    def after_epoch(self, stats: LoaderStats, current: tuple[int, int | None]) -> tuple[int, int | None]:
+    def after_epoch(
+        self, stats: LoaderStats, current: tuple[int, int | None]
+    ) -> tuple[int, int | None]:
         """The setting of the next epoch, from ``stats`` of the epoch that just ended with
         ``current``; sets :attr:`reason`."""
         if self._settled:
             return current
+        self._epochs += 1
         workers, prefetch = current
         assert prefetch is not None  # "auto" always loads with workers
         setting = (workers, prefetch)
         if stats.batches < MIN_BATCHES:
             self.reason = (
-                f"{self._text(setting)}: kept, the last epoch ({stats.batches} batches) was too "
-                f"short to judge (fewer than {MIN_BATCHES})"
+                f"{_text(setting)}: epoch {self._epochs} had {stats.batches} batches, too few to "
+                f"judge (fewer than {MIN_BATCHES})"
             )
             return current
         self._tried.add(setting)
@@ -212,44 +229,49 @@ class Tuner:
             kept, verdict = self._judge(trial, setting, stats)
             if not kept:
                 self._settled = True
-                self.reason = f"{self._text(trial.before)}: settled; {verdict}"
+                self.reason = (
+                    f"{_text(trial.before)} (settled after epoch {self._epochs}): {verdict}"
+                )
                 return trial.before
+            verdict += "; "
         step = self._decide(stats, setting)
-        prefix = f"{verdict}; " if verdict else ""
         if step.setting is None or step.setting in self._tried:
             self._settled = True
-            again = "" if step.setting is None else " (a setting already left; not tried again)"
-            self.reason = f"{self._text(setting)}: settled; {prefix}{step.why}{again}"
+            why = step.why
+            if step.setting is not None:
+                why += f", but {_text(step.setting)} was left before and is not tried again"
+            self.reason = f"{_text(setting)} (settled after epoch {self._epochs}): {verdict}{why}"
             return current
         assert step.goal is not None
         self._trial = _Trial(setting, step.goal, stats.batches_per_s)
-        self.reason = f"{self._text(step.setting)}: {prefix}{step.why}"
+        self.reason = (
+            f"{_text(step.setting)} (on trial after epoch {self._epochs}): {verdict}{step.why}"
+        )
         return step.setting
 
     def _judge(self, trial: _Trial, setting: Setting, stats: LoaderStats) -> tuple[bool, str]:
         """Whether the change to ``setting`` met its goal in ``stats``, and a sentence why."""
-        rate, before = stats.batches_per_s, trial.rate_before
         if trial.goal == "faster":
-            kept = rate >= before * GAIN
-            verb = "kept" if kept else "undone"
-            return kept, (
-                f"{self._text(setting)} {verb}: {rate:.1f} batches/s against {before:.1f} "
-                f"before (a change must gain {100 * (GAIN - 1):.0f} %)"
+            rate, before = stats.batches_per_s, trial.rate_before
+            if rate >= before * GAIN:
+                return True, f"the last change raised batches/s from {before:.1f} to {rate:.1f}"
+            return False, (
+                f"{_text(setting)} was undone: {rate:.1f} batches/s against {before:.1f} before, "
+                f"short of the {100 * (GAIN - 1):.0f}% gain a change must make"
             )
-        kept = stats.waited <= AHEAD * stats.batches
-        verb = "kept" if kept else "undone"
-        return kept, (
-            f"{self._text(setting)} {verb}: the loop waited for {stats.waited} of "
-            f"{stats.batches} batches (at most {100 * AHEAD:.0f} % keeps the loader ahead)"
+        if stats.waited <= AHEAD * stats.batches:
+            return True, "the last change kept the loader ahead"
+        return False, (
+            f"{_text(setting)} was undone: the loop waited for {stats.waited} of "
+            f"{stats.batches} batches, over {100 * AHEAD:.0f}%"
         )
 
     def _decide(self, stats: LoaderStats, setting: Setting) -> _Step:
         """Rules 1 to 4 of the module docstring applied to the epoch ``stats``."""
-        workers, prefetch = setting
         busy = sum(w.busy_fraction for w in stats.workers) / max(len(stats.workers), 1)
         seen = (
-            f"the loop waited for {stats.waited} of {stats.batches} batches while the workers "
-            f"were {100 * busy:.0f} % busy"
+            f"the loop waited for {stats.waited} of {stats.batches} batches and the workers "
+            f"were {100 * busy:.0f}% busy"
         )
         if stats.waited > stats.ready:  # the loader is behind
             if busy >= BUSY:
@@ -263,9 +285,11 @@ class Tuner:
         """Rule 1: the workers are the limit."""
         workers, prefetch = setting
         if not self._tuned_workers:
-            return _Step(None, None, f"{seen}; more workers would help ({self._why_fixed})")
+            return _Step(None, None, f"{seen}: the workers are the limit, but {self._why_fixed}")
         if workers >= self._limit:
-            return _Step(None, None, f"{seen}; more workers would help but {self._cpus_text}")
+            return _Step(
+                None, None, f"{seen}: the workers are the limit, at one per CPU ({self._cpus_text})"
+            )
         worker_s = sum(w.busy_s for w in stats.workers) / stats.batches
         loop_s = (stats.wall_s - stats.wait_s) / stats.batches
         needed = math.ceil(worker_s / loop_s) if loop_s > 0 else self._limit
@@ -273,47 +297,45 @@ class Tuner:
         return _Step(
             (more, prefetch),
             "faster",
-            f"{seen}; a batch took {1000 * worker_s:.1f} ms of worker time and the loop's own "
-            f"step {1000 * loop_s:.1f} ms, so about {needed} workers keep up (more on trial, at "
-            f"most twice as many and {self._limit} for {self._cpus_text})",
+            f"{seen}: a batch took {1000 * worker_s:.2f} ms of worker time and the loop "
+            f"{1000 * loop_s:.2f} ms, so {needed} workers would keep up; {more} are tried (at "
+            "most twice as many, at most one per CPU)",
         )
 
     def _deeper_queue(self, stats: LoaderStats, setting: Setting, seen: str) -> _Step:
         """Rule 2: the loader is behind while its workers idle."""
         workers, prefetch = setting
-        if not self._tuned_prefetch:
-            return _Step(None, None, f"{seen}: batch times are uneven (prefetch_factor is fixed)")
+        uneven = f"{seen}: batch times are uneven"
+        if not self._auto_prefetch:
+            return _Step(None, None, f"{uneven}, but prefetch_factor is fixed")
         if prefetch >= PREFETCH_CAP:
-            return _Step(None, None, f"{seen}; prefetch_factor is at its cap, {PREFETCH_CAP}")
+            return _Step(None, None, f"{uneven}, but prefetch_factor is at its cap, {PREFETCH_CAP}")
         deeper = min(PREFETCH_CAP, 2 * prefetch)
-        batch_bytes = stats.hand_off_bytes / stats.batches
-        held = batch_bytes * workers * deeper
+        held = stats.hand_off_bytes / stats.batches * workers * deeper
         if self._memory is not None and held > MEMORY_SHARE * self._memory:
             return _Step(
                 None,
                 None,
-                f"{seen}; prefetch_factor={deeper} would hold {held / 2**20:.0f} MiB of batches, "
-                f"over {100 * MEMORY_SHARE:.0f} % of the {self._memory / 2**30:.1f} GiB available",
+                f"{uneven}, but prefetch_factor={deeper} would hold {held / 2**20:.0f} MiB of "
+                f"batches, over {100 * MEMORY_SHARE:.0f}% of the "
+                f"{self._memory / 2**30:.1f} GiB available",
             )
         return _Step(
-            (workers, deeper),
-            "faster",
-            f"{seen}: batch times are uneven, so each worker loads more batches ahead (on trial)",
+            (workers, deeper), "faster", f"{uneven}, so each worker loads more batches ahead"
         )
 
     def _fewer_workers(self, setting: Setting, busy: float, seen: str) -> _Step:
         """Rule 3: the loader is well ahead and its workers mostly idle."""
         workers, prefetch = setting
         if not self._tuned_workers or workers <= 1:
-            return _Step(None, None, f"{seen}: the loader keeps up with CPU to spare")
+            return _Step(None, None, f"{seen}: the loader keeps up")
         remaining = busy * workers / (workers - 1)
         if remaining >= BUSY:
-            return _Step(None, None, f"{seen}: the loader keeps up, and needs all its workers")
+            return _Step(None, None, f"{seen}: the loader keeps up and needs all its workers")
         return _Step(
             (workers - 1, prefetch),
             "leaner",
-            f"{seen}: one worker fewer would be {100 * remaining:.0f} % busy, saving a CPU "
-            "(on trial)",
+            f"{seen}: one worker fewer would be {100 * remaining:.0f}% busy and frees a CPU",
         )
 
     # -- helpers -------------------------------------------------------------------------------
@@ -323,14 +345,8 @@ class Tuner:
         return self._fixed_workers is None and not self._iterable
 
     @property
-    def _tuned_prefetch(self) -> bool:
-        return self._fixed_prefetch is None and self._fixed_workers != 0
-
-    @property
     def _why_fixed(self) -> str:
-        if self._iterable:
-            return "a stream keeps its worker count, which decides its shards"
-        return "num_workers is fixed"
+        return _STREAM_KEEPS_COUNT if self._iterable else "num_workers is fixed"
 
     @property
     def _limit(self) -> int:
@@ -343,9 +359,9 @@ class Tuner:
             return f"the CPU count is unknown, so {UNKNOWN_CPUS} are assumed"
         return f"{self._cpus} CPU{'s' if self._cpus != 1 else ''} for this process"
 
-    @staticmethod
-    def _text(setting: Setting) -> str:
-        return f"num_workers={setting[0]}, prefetch_factor={setting[1]}"
+
+def _text(setting: Setting) -> str:
+    return f"num_workers={setting[0]}, prefetch_factor={setting[1]}"
 
 
 def cpus_for_this_process() -> int | None:
