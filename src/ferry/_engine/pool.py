@@ -179,8 +179,23 @@ class WorkerIterator(LoaderIterator):
 
     def _reopen(self) -> None:
         if self._plan.persistent_workers:
-            for worker in self._workers:
-                worker.send(Resume(worker.slabs.take_freed()))
+            dead = []
+            for worker in list(self._workers):
+                try:
+                    worker.send(Resume(worker.slabs.take_freed()))
+                except OSError:  # it died between epochs
+                    dead.append(worker)
+            if dead:
+                # Replaced at the new epoch's start, with nothing of the old epoch to redo
+                # (a late result of it is dropped by its task number).
+                self._latest, self._tasks = list(self._track.workers), {}
+                for worker in dead:
+                    try:
+                        self._replace(worker)
+                    except WorkerDied as exc:
+                        self._fatal = exc
+                        self._finalizer()
+                        raise
             self._begin_epoch()
             return
         # Workers of a new epoch are seeded anew, from its base seed: start new ones.
