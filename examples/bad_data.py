@@ -34,7 +34,7 @@ class Images(Dataset[torch.Tensor]):
         if index % 50 == 7:
             raise OSError(f"cannot decode image {index}: truncated file")
         if index == 123 and not os.path.exists(self.marker):
-            open(self.marker, "w").close()  # noqa: SIM115 - a marker: the replacement lives
+            open(self.marker, "w").close()  # a marker: the replacement lives on
             os.kill(os.getpid(), signal.SIGKILL)
         return torch.full((3,), float(index))
 

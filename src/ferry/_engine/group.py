@@ -12,6 +12,7 @@ reference to the iterator.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import pickle
@@ -19,6 +20,7 @@ import queue
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, cast
@@ -47,6 +49,10 @@ _JOIN_AFTER_TERMINATE = 0.5
 _JOIN_AFTER_KILL = 0.5
 # Thread workers cannot be interrupted: they exit after their current fetch. Wait only briefly.
 _JOIN_THREADS = 0.2
+# ...but at interpreter exit, wait for them up to this long: a daemon thread still inside a
+# torch op when the interpreter finalizes aborts the process ("terminate called without an
+# active exception").
+_JOIN_THREADS_AT_EXIT = 5.0
 
 
 @dataclass
@@ -158,10 +164,10 @@ class WorkerGroup:
             if worker.conn is not None:
                 worker.conn.close()
             worker.slabs.close()
-        for worker in self.replaced:
-            worker.slabs.close()
             if worker.thread is not None and worker.thread.is_alive():
                 worker.thread.join(max(0.0, deadline - time.monotonic()))
+        for worker in self.replaced:
+            worker.slabs.close()
 
     @staticmethod
     def _drain_until_exit(workers: list[WorkerHandle], deadline: float) -> set[int]:
@@ -270,7 +276,24 @@ def _explain_start_failure(exc: Exception, config: WorkerConfig, context: Any) -
     return exc
 
 
+_thread_groups: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
+
+
+@atexit.register
+def _join_thread_workers_at_exit() -> None:
+    """Let thread workers finish their current fetch before the interpreter finalizes."""
+    deadline = time.monotonic() + _JOIN_THREADS_AT_EXIT
+    for group in list(_thread_groups):
+        group.stopping.set()
+        for worker in group.workers:
+            if worker.thread is not None and worker.thread.is_alive():
+                with contextlib.suppress(Exception):
+                    worker.inbox.put(Stop())  # type: ignore[union-attr]
+                worker.thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def start_threads(group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPlan) -> None:
+    _thread_groups.add(group)
     pool = plan.buffer_pool
     for config in configs:
         inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
