@@ -4,6 +4,8 @@ Subcommands:
 
 - ``bench``: side-by-side benchmark of ``ferry.DataLoader`` against ``torch.utils.data``;
   ``python -m ferry bench --help`` lists its options.
+- ``doctor``: measures the loader a function of yours returns, says where its time goes and
+  what to change; ``python -m ferry doctor --help``.
 
 Example::
 
@@ -18,6 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from ferry.bench import cli
+from ferry.doctor import cli as doctor_cli
 
 __all__ = ["main"]
 
@@ -38,10 +41,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench", help="benchmark ferry.DataLoader against torch.utils.data.DataLoader"
     )
     cli.configure(bench)
+    doctor = commands.add_parser(
+        "doctor", help="measure your loader: where its time goes, and what to change"
+    )
+    doctor_cli.configure(doctor)
     try:
         args = parser.parse_args(args_list)
     except SystemExit as exit_:  # argparse's way out of --help and of usage errors
         return exit_.code if isinstance(exit_.code, int) else 2
+    if args.command == "doctor":
+        return doctor_cli.run(args, args_list)
     return cli.run(args, args_list)
 
 

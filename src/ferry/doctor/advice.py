@@ -1,0 +1,394 @@
+"""The doctor's rules: from what a run measured to which option to change, and why.
+
+Each rule is a small function of the :class:`Findings` that returns one :class:`Advice` or
+None; :data:`RULES` lists them in the order they are reported. The thresholds are the
+constants below, each with the reason for its value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ferry._torch_types import TorchSubset
+from ferry.datasets import is_iterable_style
+from ferry.doctor.measure import Measurement, ThreadProbe
+from ferry.stats import LoaderStats
+
+__all__ = [
+    "RULES",
+    "Advice",
+    "Findings",
+    "advise",
+    "nothing_to_gain",
+    "stage_shares",
+    "worth_probing_threads",
+]
+
+# A batch made in under 1 ms comes at over 1000 batches/s, faster than most training steps;
+# and handing a batch over from a worker costs a sizeable part of a millisecond, so more
+# workers (or a faster __getitem__) would gain little.
+SLOW_BATCH_S = 1e-3
+# The loop spends at least this share of the wall time blocked in next(): worth acting on.
+LOOP_WAITS = 0.10
+# Without workers, the main process making batches this share of the wall time: workers would
+# take that off the loop.
+MAIN_BUSY = 0.5
+# Workers this busy (mean busy fraction) have no slack: only more of them make more batches.
+WORKERS_BUSY = 0.8
+# Workers idle more than 1 - this, while the loop still waits for some batches: uneven batch
+# times, which a deeper prefetch queue absorbs.
+WORKERS_IDLE = 0.7
+WAITED_SHARE = 0.25  # ... the loop waited for at least this share of the batches
+# Two worker threads this much faster than one: __getitem__ releases the GIL (2x is ideal).
+GIL_FREE = 1.5
+# Two worker threads less than this much faster than one: __getitem__ holds the GIL.
+GIL_BOUND = 1.2
+# Process workers' own costs (moving batches out, starting each epoch) this share of the
+# loader's work or of an epoch: what thread workers would save.
+PROCESS_COSTS = 0.10
+# fetch this share of the loader's work (all stages but wait): the per-sample calls dominate.
+FETCH_DOMINATES = 0.5
+# Worker start-up this share of an epoch, paid again every epoch without persistent workers.
+STARTUP_SHARE = 0.10
+# Batches this large spend real time in the host-to-device copy, which pinning speeds up.
+LARGE_BATCH_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the rules look at: the run of the (ferry) loader and its context."""
+
+    run: Measurement  # its stats are not None: a ferry loader's run
+    options: Mapping[str, Any]  # the loader's options (ferry.doctor.options.loader_options)
+    cpus: int  # CPUs this process may run on
+    accelerator: str | None  # "cuda" when present
+    step_s: float = 0.0  # the training step the loop stood for (--step-ms)
+    threads: ThreadProbe | None = None  # one thread worker against two, when probed
+
+    @property
+    def stats(self) -> LoaderStats:
+        assert self.run.stats is not None
+        return self.run.stats
+
+    @property
+    def workers(self) -> int:
+        return self.stats.num_workers
+
+    @property
+    def work_per_batch_s(self) -> float:
+        """Making a batch (fetch and collate), wherever it is made."""
+        stats = self.stats
+        return (stats.fetch_s + stats.collate_s) / stats.batches if stats.batches else 0.0
+
+    @property
+    def loop_waits(self) -> float:
+        """The share of the wall time the loop spent blocked in next()."""
+        return self.stats.wait_s / self.stats.wall_s
+
+    @property
+    def loader_bound(self) -> bool:
+        """The loader is the bottleneck: the loop spent a real share of its time waiting.
+
+        Judged by time, not by ``stats.bottleneck`` (more batches waited for than found
+        ready): with several workers finishing together, half the batches are ready when
+        asked although the loop waits for the other half all the time.
+        """
+        return self.loop_waits >= LOOP_WAITS
+
+    @property
+    def workers_busy(self) -> float:
+        """The workers' mean busy fraction (0 without workers)."""
+        workers = self.stats.workers
+        return sum(w.busy_fraction for w in workers) / len(workers) if workers else 0.0
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Change ``option`` from ``current`` to ``suggested``, because of ``reason`` (measured).
+
+    ``changes`` are the loader options that apply it (what ``--try`` measures). A change to the
+    dataset's code has no ``current`` value and no ``changes``.
+    """
+
+    option: str
+    current: str
+    suggested: str
+    reason: str
+    changes: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        if not self.current:  # a change to the code: nothing to go from
+            return f"{self.option}: {self.suggested}: {self.reason}"
+        also = [f"{k}={v!r}" for k, v in self.changes.items() if k != self.option]
+        with_ = f" (with {', '.join(also)})" if also else ""
+        return f"{self.option}={self.current} → {self.suggested}{with_}: {self.reason}"
+
+
+def stage_shares(stats: LoaderStats) -> dict[str, float]:
+    """Each stage's share of the loader's work (every stage but ``wait``), largest first."""
+    work = {
+        "sampler": stats.sampler_s,
+        "fetch": stats.fetch_s,
+        "collate": stats.collate_s,
+        "hand_off": stats.hand_off_s,
+        "pin": stats.pin_s,
+    }
+    total = sum(work.values()) or 1.0
+    return {k: v / total for k, v in sorted(work.items(), key=lambda kv: -kv[1])}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _worker_target(f: Findings) -> int | None:
+    """How many workers the loader should have, when more than it has: all the CPUs, or with a
+    training step, as many as make one batch per step. None: more would not help."""
+    if not f.loader_bound or f.work_per_batch_s < SLOW_BATCH_S or f.workers >= f.cpus:
+        return None
+    stats = f.stats
+    if f.workers == 0:
+        if (stats.fetch_s + stats.collate_s) / stats.wall_s < MAIN_BUSY:
+            return None
+    elif f.workers_busy < WORKERS_BUSY:
+        return None
+    if not f.step_s:
+        return f.cpus
+    return min(f.cpus, max(f.workers + 1, _keeping_up(f)))
+
+
+def _keeping_up(f: Findings) -> int:
+    """The workers that make a batch per training step between them."""
+    return math.ceil(f.work_per_batch_s / f.step_s)
+
+
+def more_workers(f: Findings) -> Advice | None:
+    """The loader is the bottleneck, batches are slow to make, whoever makes them has no slack
+    (the main process, or busy workers) and CPUs are free: more workers."""
+    target = _worker_target(f)
+    if target is None:
+        return None
+    stats = f.stats
+    if f.workers == 0:
+        share = (stats.fetch_s + stats.collate_s) / stats.wall_s
+        reason = (
+            f"fetch and collate take {share:.0%} of the wall time in the main process "
+            f"({_ms(f.work_per_batch_s)} a batch)"
+        )
+    else:
+        reason = (
+            f"the {f.workers} workers were busy {f.workers_busy:.0%} of the time and the loop "
+            f"still waited {f.loop_waits:.0%} of it"
+        )
+    reason += f"; {f.cpus} CPUs are available" if f.cpus > 1 else "; 1 CPU is available"
+    if is_iterable_style(f.options["dataset"]):
+        reason += (
+            "; a stream must split itself between the workers (get_worker_info()), or each "
+            "worker yields all of it"
+        )
+    if f.step_s:
+        needed = _keeping_up(f)
+        reason += (
+            f"; with {_ms(f.work_per_batch_s)} of work a batch and a {_ms(f.step_s)} step, "
+            f"{needed} workers keep up"
+        )
+        if needed > target:
+            reason += f" (the CPUs allow {target})"
+    return Advice("num_workers", str(f.workers), str(target), reason, {"num_workers": target})
+
+
+def _process_costs(f: Findings) -> str:
+    """What process workers cost the loader that thread workers would not, where that is a real
+    share: moving batches out of the processes, starting them each epoch ("" when neither)."""
+    costs = []
+    hand_off = stage_shares(f.stats)["hand_off"]
+    if hand_off >= PROCESS_COSTS:
+        costs.append(f"moving batches out is {hand_off:.0%} of the loader's work")
+    epoch_s, startup_s = f.run.epoch_s, f.run.startup_s
+    if epoch_s and startup_s >= PROCESS_COSTS * epoch_s:
+        costs.append(f"starting them {startup_s / epoch_s:.0%} of an epoch")
+    return " and ".join(costs)
+
+
+def thread_workers(f: Findings) -> Advice | None:
+    """Process workers (or the advice to add some): threads, when two worker threads make
+    batches nearly twice as fast as one (``__getitem__`` releases the GIL) and processes cost
+    something threads would not, or when moving batches between processes costs more than
+    making them."""
+    if f.options.get("worker_type", "process") != "process":
+        return None
+    target = _worker_target(f) or f.workers
+    if not target or not f.loader_bound:
+        return None
+    stats, probe = f.stats, f.threads
+    if probe is not None and probe.speedup >= GIL_FREE:
+        reason = (
+            f"two worker threads made {probe.speedup:.2f}x the batches of one: __getitem__ "
+            "releases the GIL (I/O, sleeps, native code), so threads work in parallel"
+        )
+        if not f.workers:
+            reason += " without starting processes or copying batches between them"
+        elif costs := _process_costs(f):
+            reason += f", and with processes {costs}"
+        else:
+            return None  # the processes cost little: threads would gain little
+    elif f.workers and stats.hand_off_s > stats.fetch_s + stats.collate_s > 0:
+        reason = (
+            f"moving a batch out of a worker process ({_ms(stats.hand_off_s / stats.batches)}, "
+            f"{stats.hand_off_bytes / stats.batches / 2**20:.1f} MiB) costs more than making "
+            f"it ({_ms(f.work_per_batch_s)}); thread workers hand batches over without copying"
+        )
+    else:
+        return None
+    changes: dict[str, Any] = {} if f.workers else {"num_workers": target}
+    changes["worker_type"] = "thread"
+    return Advice("worker_type", "'process'", "'thread'", reason, changes)
+
+
+def process_workers(f: Findings) -> Advice | None:
+    """Thread workers whose ``__getitem__`` holds the GIL (two threads barely faster than
+    one), with the loader the bottleneck: processes, which run in parallel."""
+    probe = f.threads
+    if f.options.get("worker_type") != "thread" or f.workers < 2 or not f.loader_bound:
+        return None
+    if probe is None or probe.speedup >= GIL_BOUND:
+        return None
+    reason = (
+        f"two worker threads made only {probe.speedup:.2f}x the batches of one: __getitem__ "
+        "holds the GIL, so the threads take turns; processes run in parallel"
+    )
+    return Advice("worker_type", "'thread'", "'process'", reason, {"worker_type": "process"})
+
+
+def deeper_prefetch(f: Findings) -> Advice | None:
+    """Workers idle part of the time while the loop still waits for many batches: batch times
+    are uneven, and the queue of ``prefetch_factor`` batches per worker runs dry behind a slow
+    one. Doubling it absorbs more."""
+    stats = f.stats
+    if not f.workers or not f.loader_bound or f.workers_busy >= WORKERS_IDLE:
+        return None
+    if stats.waited < WAITED_SHARE * stats.batches:
+        return None
+    if (stats.sampler_s + stats.pin_s) / stats.wall_s >= MAIN_BUSY:
+        return None  # the main process is the limit, not the queue
+    current = int(f.options.get("prefetch_factor") or 2)
+    reason = (
+        f"the workers were idle {1 - f.workers_busy:.0%} of the time, yet the loop waited for "
+        f"{stats.waited} of {stats.batches} batches (for {_ms(f.run.wait_median_s)} at the "
+        f"median, {_ms(f.run.wait_max_s)} at the longest): batch times are uneven and "
+        f"{current * f.workers} batches in flight do not cover the slow ones"
+    )
+    return Advice(
+        "prefetch_factor", str(current), str(2 * current), reason, {"prefetch_factor": 2 * current}
+    )
+
+
+def _innermost(dataset: Any) -> Any:
+    """The dataset under any Subsets: theirs forward ``__getitems__`` to it, when it has one."""
+    while isinstance(dataset, TorchSubset):
+        dataset = dataset.dataset
+    return dataset
+
+
+def batch_getitems(f: Findings) -> Advice | None:
+    """A map-style dataset fetched one ``__getitem__`` call per sample, with fetch most of the
+    loader's work on slow batches: a ``__getitems__(indices)`` that makes the batch in one
+    call can share the work across its samples."""
+    dataset = _innermost(f.options["dataset"])
+    batch_size = f.options.get("batch_size")
+    if is_iterable_style(dataset) or callable(getattr(dataset, "__getitems__", None)):
+        return None
+    if batch_size is None and f.options.get("batch_sampler") is None:
+        return None  # batching off: one sample a batch
+    share = stage_shares(f.stats)["fetch"]
+    if not f.loader_bound or f.work_per_batch_s < SLOW_BATCH_S or share < FETCH_DOMINATES:
+        return None
+    name = type(dataset).__name__
+    calls = "one __getitem__ call per sample"
+    if batch_size:
+        per_call = f.stats.fetch_s / (f.stats.batches * batch_size)
+        calls = f"{batch_size} __getitem__ calls a batch, {_ms(per_call)} each"
+    reason = (
+        f"fetch is {share:.0%} of the loader's work, in {calls}, and {name} has no "
+        "__getitems__: one call per batch can read, decode or transform the samples together "
+        "(one file read or query, one vectorized operation)"
+    )
+    return Advice("__getitems__", "", f"implement {name}.__getitems__(indices)", reason)
+
+
+def keep_workers(f: Findings) -> Advice | None:
+    """Workers whose start-up is a large share of an epoch, and not kept between epochs."""
+    if not f.workers or f.options.get("persistent_workers"):
+        return None
+    run, epoch_s = f.run, f.run.epoch_s
+    if epoch_s is None or run.startup_s < STARTUP_SHARE * epoch_s:
+        return None
+    reason = (
+        f"the workers took {run.startup_s:.2f} s to start (first batch after "
+        f"{run.first_batch_s:.2f} s, then {_ms(1 / run.batches_per_s)} a batch): "
+        f"{run.startup_s / epoch_s:.0%} of a {run.epoch_batches}-batch epoch (~{epoch_s:.1f} s), "
+        "paid again every epoch"
+    )
+    return Advice("persistent_workers", "False", "True", reason, {"persistent_workers": True})
+
+
+def pin_batches(f: Findings) -> Advice | None:
+    """An accelerator, large batches and ``pin_memory`` off: pin them."""
+    if f.accelerator is None or f.options.get("pin_memory"):
+        return None
+    if f.run.batch_bytes < LARGE_BATCH_BYTES:
+        return None
+    reason = (
+        f"batches hold {f.run.batch_bytes / 2**20:.1f} MiB of tensors and a {f.accelerator} "
+        "device is present: copies from pinned memory are faster and can overlap compute "
+        "(.to(device, non_blocking=True))"
+    )
+    return Advice("pin_memory", "False", "True", reason, {"pin_memory": True})
+
+
+RULES: tuple[Callable[[Findings], Advice | None], ...] = (
+    more_workers,
+    thread_workers,
+    process_workers,
+    deeper_prefetch,
+    batch_getitems,
+    keep_workers,
+    pin_batches,
+)
+
+
+def advise(f: Findings) -> list[Advice]:
+    """The advice of every rule that applies, in the order of :data:`RULES`."""
+    return [advice for rule in RULES if (advice := rule(f)) is not None]
+
+
+def worth_probing_threads(f: Findings) -> bool:
+    """Whether a worker-type rule could use :func:`~ferry.doctor.measure.probe_threads`: the
+    loader is the bottleneck on slow batches, and has workers or would get some."""
+    if not f.loader_bound or f.work_per_batch_s < SLOW_BATCH_S:
+        return False
+    return bool(f.workers or _worker_target(f))
+
+
+def nothing_to_gain(f: Findings) -> str:
+    """Why no rule applies, in words."""
+    if not f.loader_bound:
+        return (
+            f"the loop waited for the loader {f.loop_waits:.0%} of the wall time: the loader "
+            "keeps up"
+        )
+    if f.work_per_batch_s < SLOW_BATCH_S:
+        return (
+            f"a batch is made in {_ms(f.work_per_batch_s)} ({f.stats.batches_per_s:,.0f} "
+            "batches/s): faster than training steps take, and quicker than a worker could "
+            "hand it over"
+        )
+    if f.workers >= f.cpus:
+        return (
+            f"the {f.workers} workers already use all {f.cpus} CPUs: only a faster __getitem__ "
+            "(or more CPUs) would help"
+        )
+    return "no rule found a measured cause to act on"
