@@ -30,7 +30,7 @@ import ferry
 from ferry.errors import WorkerDied, WorkerRestartWarning
 from resume.datasets import canon
 from workers import restart_datasets as rd
-from workers.support import poll, reaped, worker_pids
+from workers.support import exited, poll, reaped, worker_pids
 
 SEED = 1234
 NOTICE = 5.0
@@ -235,7 +235,7 @@ def test_persistent_worker_that_died_between_epochs_is_replaced() -> None:
         first = run(loader)
         pid = loader._iterator._workers[0].pid
         os.kill(pid, signal.SIGKILL)
-        assert poll(lambda: not psutil.pid_exists(pid) or _zombie(pid), NOTICE)
+        assert poll(lambda: exited(pid), NOTICE)
         with Recorded() as caught:
             second = run(loader)
         assert [first, second] == expected
@@ -253,18 +253,11 @@ def test_persistent_worker_that_died_between_epochs_raises_worker_died_by_defaul
         run(loader)
         pid = loader._iterator._workers[0].pid
         os.kill(pid, signal.SIGKILL)
-        assert poll(lambda: not psutil.pid_exists(pid) or _zombie(pid), NOTICE)
+        assert poll(lambda: exited(pid), NOTICE)
         with pytest.raises(WorkerDied, match="exited unexpectedly"):
             run(loader)
     finally:
         loader._iterator = None  # stops the workers (the error's traceback holds the iterator)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.mark.timeout(60)
