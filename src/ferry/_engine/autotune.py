@@ -54,6 +54,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from ferry._engine.shm import available_memory as meminfo_available
 from ferry._validate import as_int, available_cpus
 from ferry.stats import LoaderStats
 
@@ -382,15 +383,11 @@ def cpus_for_this_process() -> int | None:
 
 
 def available_memory() -> int | None:
-    """Bytes of memory available to new allocations without swapping (None: unknown):
-    ``MemAvailable`` of ``/proc/meminfo`` (free memory plus reclaimable cache), else free pages."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    """Bytes of memory available without swapping (None: unknown): ``MemAvailable`` (free
+    memory plus reclaimable cache, as the slab allocator reads it), else free pages."""
+    known = meminfo_available()
+    if known is not None:
+        return known
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):

@@ -71,7 +71,7 @@ class Slab:
         fd, self.name = create_file(owner_pid, slab_id, size, named)
         self.fd: int | None = fd
         try:
-            available = _available_memory()
+            available = available_memory()
             if available is not None and size > available:
                 raise OSError(f"{size} bytes asked, {available} available")
             os.ftruncate(fd, size)
@@ -111,7 +111,7 @@ class Slab:
         self._release_file()
 
 
-def _available_memory() -> int | None:
+def available_memory() -> int | None:
     """Bytes the kernel says can be allocated without swapping (MemAvailable), if known.
 
     Checked before committing a slab: committing more than this would wake the OOM killer
