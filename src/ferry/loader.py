@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import threading
 import warnings
@@ -14,17 +13,16 @@ import torch
 
 from ferry._engine.alloc import BufferPool
 from ferry._engine.autotune import Tuner
-from ferry._engine.cursor import Cursor, from_plain, to_plain
+from ferry._engine.cursor import Cursor
 from ferry._engine.failures import DEFAULT_STALL_WARNING, FailurePolicy, OnError
 from ferry._engine.iterator import (
     EpochTrack,
     InlineIterator,
     LoaderIterator,
-    between_epochs_cursor,
 )
 from ferry._engine.pin import accelerator_available
 from ferry._engine.plan import EpochPlan
-from ferry._engine.resume import fit_workers, identity_of, warn_replay
+from ferry._engine.resume import ResumableLoader
 from ferry._torch_types import TorchDataLoader
 from ferry._validate import (
     NO_ACCELERATOR,
@@ -58,7 +56,7 @@ _FROZEN_AFTER_INIT = frozenset(
 )
 
 
-class DataLoader(TorchDataLoader[T_co]):
+class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
     """Iterates over a dataset in batches, in the main process or in worker processes/threads.
 
     Same signature, defaults, validation and sample order as ``torch.utils.data.DataLoader``,
@@ -266,7 +264,7 @@ class DataLoader(TorchDataLoader[T_co]):
                 "it is part of the plan the sampler and batch sampler were built from; build a "
                 "new loader instead"
             )
-        # object's, not super()'s: the next class is torch's DataLoader, whose code must not run.
+        # object's, not super()'s: torch's DataLoader is up the MRO, and its code must not run.
         object.__setattr__(self, name, value)
 
     @property
@@ -325,61 +323,6 @@ class DataLoader(TorchDataLoader[T_co]):
             self.num_workers, self.prefetch_factor = chosen
             if between is not None:
                 self.load_state_dict(between)
-
-    # -- resume --------------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position after the last batch this loader handed out, as plain data.
-
-        Load it with :meth:`load_state_dict` into this loader or a new one built the same way
-        (in another process, after a crash) and the next iterator continues exactly there:
-        the rest of the epoch, then later epochs, with the same batches, shuffles, worker seeds
-        and (process workers) random augmentations as an uninterrupted run. Taken after the
-        last batch of an epoch (or before any), the next iterator begins the next epoch in full.
-
-        The state is plain data (``json`` and ``torch.save``/``torch.load(weights_only=True)``
-        keep it), small (a few kilobytes per worker, whatever the dataset's size), and cheap to
-        take: no worker is asked, so call it as often as you like.
-
-        Example::
-
-            >>> for step, batch in enumerate(loader):
-            ...     train(batch)
-            ...     if step % 1000 == 0:
-            ...         state = {"model": model.state_dict(), "loader": loader.state_dict()}
-            ...         torch.save(state, path)
-        """
-        if self._pending is not None:
-            return copy.deepcopy(self._pending[1])
-        track = self._last_track
-        if track is None:  # before the first epoch: the generators as they stand now
-            cursor = between_epochs_cursor(
-                Cursor(num_workers=self.num_workers),
-                self.generator,
-                self.sampler,
-                self.batch_sampler,
-            )
-        else:
-            cursor = track.position()
-            if self._last_loaded is not None and cursor is self._last_loaded[0]:
-                return copy.deepcopy(self._last_loaded[1])
-        return to_plain(cursor, identity_of(self))
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Make the next iterator start where ``state_dict`` (from :meth:`state_dict`) was taken.
-
-        The loader may have another ``num_workers`` than the one the state came from (map-style
-        datasets; for streams see the README), and a :class:`~ferry.DistributedSampler` another
-        world size. Raises ValueError when the state does not fit this loader (another dataset
-        length, batch size, sampler kind, ...), naming what differs.
-        """
-        cursor = from_plain(state_dict, identity_of(self))
-        cursor = fit_workers(cursor, self.num_workers, self.dataset, self._iterable_style)
-        if not self._warned_replay:
-            self._warned_replay = warn_replay(cursor, self.dataset, self._iterable_style)
-        self._pending = (cursor, copy.deepcopy(state_dict))
-        if self._live_iterator is not None:
-            self._replace_iterator(None)  # persistent workers: the next iter() starts there
 
     @property  # type: ignore[override]
     def _iterator(self) -> LoaderIterator | None:

@@ -10,6 +10,8 @@ Tasks go out and typed messages come back through one :class:`~ferry._engine.cha
 whichever kind the workers are; a dead worker is noticed as soon as it dies, and ``timeout`` is
 measured by the same wait.
 
+A worker that dies, stalls or is late is handled by :mod:`ferry._engine.incidents`.
+
 Teardown is :meth:`ferry._engine.group.WorkerGroup.shutdown` (layered, bounded); it runs when
 the epoch ends, on a fatal error, when the iterator is garbage collected, or at interpreter
 exit, through ``weakref.finalize``.
@@ -17,44 +19,36 @@ exit, through ``weakref.finalize``.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import time
 import weakref
-from dataclasses import dataclass, replace
-from typing import Any
 
 from typing_extensions import assert_never
 
 from ferry._engine.channels import WorkerGone, WorkerMessage, open_channel
-from ferry._engine.cursor import Cursor, WorkerCursor
+from ferry._engine.cursor import Cursor
 from ferry._engine.failures import SkipBudget
-from ferry._engine.fetch import DROPPED, Outcome
+from ferry._engine.fetch import DROPPED
 from ferry._engine.group import (
     WorkerGroup,
-    WorkerHandle,
-    replace_process,
     start_processes,
     start_threads,
 )
+from ferry._engine.incidents import Incidents, Task
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import Delivery, LoaderIterator, next_epoch_start
-from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack, StackRequest
+from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.plan import EpochPlan
 from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
-from ferry._engine.stall import STACK_REPLY_TIMEOUT, Pending, stall_message, thread_stacks
 from ferry._engine.worker import WorkerConfig
 from ferry.distributed import _process_group_rank_world as process_group_rank_world
 from ferry.errors import (
-    StallWarning,
     WorkerDied,
-    WorkerRestartWarning,
     WorkerTimeout,
     add_note,
     describe_key,
     rebuild_exception,
-    warn_from_user_code,
 )
 
 __all__ = ["WorkerIterator"]
@@ -63,21 +57,7 @@ __all__ = ["WorkerIterator"]
 _WAIT_SLICE = 0.5
 
 
-@dataclass
-class _Task:
-    worker_id: int
-    key: Any
-    number: int  # the key's number in the epoch
-    result: Any = None
-    arrived: bool = False
-    error: BaseException | None = None
-    fatal: bool = False  # the error ends the iterator (its worker could not start)
-    position: WorkerCursor | None = None  # the worker's, after this batch
-    outcome: Outcome | None = None  # on_error="skip": samples tried and dropped
-    sent: float = 0.0  # time.monotonic() when it was handed to the worker (stall reports)
-
-
-class WorkerIterator(LoaderIterator):
+class WorkerIterator(Incidents, LoaderIterator):
     """``num_workers > 0``: batches are made by worker processes or threads."""
 
     def __init__(
@@ -156,7 +136,7 @@ class WorkerIterator(LoaderIterator):
         # the sampler for its iterator first); they are drawn from right away to fill the
         # prefetch queue, as torch does, so RNG draws happen in the same order.
         self._keys_done = False
-        self._tasks: dict[int, _Task] = {}
+        self._tasks: dict[int, Task] = {}
         self._first_task = self._next_task
         # Global task number of the epoch's key number 0 (tasks are numbered across epochs,
         # so results of an abandoned epoch are told apart).
@@ -221,7 +201,7 @@ class WorkerIterator(LoaderIterator):
         worker = self._workers[worker_id]
         task = self._epoch_base + number
         self._next_task = task + 1
-        self._tasks[task] = _Task(worker_id, key, number, sent=time.monotonic())
+        self._tasks[task] = Task(worker_id, key, number, sent=start)
         self._in_flight[worker_id] += 1
         try:
             self._channel.send_task(worker, task, key)
@@ -293,7 +273,7 @@ class WorkerIterator(LoaderIterator):
             stats.ready += 1
         return self._deliver(self._next_yield)
 
-    def _skip_to_next_task(self) -> _Task | None:
+    def _skip_to_next_task(self) -> Task | None:
         """The task to yield next; skips tasks already yielded (out of order) and tasks of
         workers whose stream has ended. None when the epoch is over."""
         while self._next_yield < self._next_task:
@@ -406,39 +386,6 @@ class WorkerIterator(LoaderIterator):
                     self._stall_reported = True  # once per stall
                     self._report_stall(waited)
 
-    def _report_stall(self, waited: float) -> None:
-        """Warn (:class:`StallWarning`) with what each worker holding unfinished batches is
-        doing (see :mod:`ferry._engine.stall`)."""
-        assert self._stall is not None
-        holding = sorted({task.worker_id for task in self._tasks.values() if not task.arrived})
-        if self._threads:
-            self._stacks = thread_stacks(self._workers, holding)
-        else:
-            self._stacks = {}
-            for worker_id in holding:
-                with contextlib.suppress(OSError):
-                    self._workers[worker_id].send(StackRequest())
-            deadline = time.monotonic() + STACK_REPLY_TIMEOUT
-            while set(holding) - self._stacks.keys():
-                left = deadline - time.monotonic()
-                got = self._poll(left) if left > 0 else None
-                if got is None:
-                    break
-                self._handle(*got)  # a Stack is stored in self._stacks
-        message = stall_message(
-            waited=waited,
-            limit=self._stall,
-            pending=[
-                Pending(n, t.worker_id, t.number, t.key, t.sent)
-                for n, t in self._tasks.items()
-                if not t.arrived
-            ],
-            waiting_for=self._next_yield,
-            holders={w: (self._workers[w].pid, self._stacks.get(w)) for w in holding},
-            iterable=self._iterable_style,
-        )
-        warn_from_user_code(message, StallWarning)
-
     def _poll(self, wait_for: float) -> tuple[int, WorkerMessage] | None:
         """A message from any worker within ``wait_for`` seconds (0: one already there)."""
         try:
@@ -453,83 +400,6 @@ class WorkerIterator(LoaderIterator):
             self._fatal = exc
             self._finalizer()
             raise
-
-    def _in_flight_of(self, worker_id: int) -> str:
-        """What ``worker_id`` was making: each distinct key once, with a count if repeated
-        (a stream's keys all read "the next batch of its dataset stream")."""
-        counts: dict[str, int] = {}
-        for task in self._tasks.values():
-            if task.worker_id == worker_id and not task.arrived:
-                what = describe_key(task.key, self._iterable_style)
-                counts[what] = counts.get(what, 0) + 1
-        if not counts:
-            return "nothing"
-        return "; ".join(
-            what if count == 1 else f"{what} ({count} batches in flight)"
-            for what, count in counts.items()
-        )
-
-    def _replace(self, dead: WorkerHandle) -> None:
-        """A worker died: start another in its place, at the position after the last batch
-        it sent, and hand it the dead one's unfinished tasks again, in order, so the epoch's
-        batches are those an undisturbed run makes. Past ``max_worker_restarts`` (or for a
-        thread, which dies only of a bug of ours), raise :class:`WorkerDied`."""
-        died = self._died(dead)
-        limit = self._plan.failures.max_worker_restarts
-        if self._threads or self._restarts >= limit:
-            if limit and not self._threads:
-                add_note(died, f"(max_worker_restarts={limit}: {self._restarts} restarts used)")
-            raise died from None
-        self._restarts += 1
-        worker_id = dead.worker_id
-        position = self._latest[worker_id]
-        config = replace(
-            self._configs[worker_id],
-            resume=None if position == WorkerCursor() else position,
-            parent_pid=os.getpid(),
-        )
-        context = self._plan.multiprocessing_context or multiprocessing.get_context()
-        new = replace_process(self._group, config, context)
-        self._workers = self._group.workers
-        self._channel.replaced(dead, new)
-        unfinished = sorted(
-            number
-            for number, task in self._tasks.items()
-            if task.worker_id == worker_id and not task.arrived
-        )
-        warn_from_user_code(
-            f"{died}. It was replaced by a new worker process (pid {new.pid}; restart "
-            f"{self._restarts} of max_worker_restarts={limit}), which fetches its "
-            f"{len(unfinished)} unfinished batches again: the epoch goes on unchanged.",
-            WorkerRestartWarning,
-        )
-        for number in unfinished:
-            task = self._tasks[number]
-            try:
-                self._channel.send_task(new, number, task.key)
-            except WorkerGone:
-                raise self._died(new) from None
-
-    def _died(self, worker: WorkerHandle) -> WorkerDied:
-        exitcode = None
-        if worker.process is not None:
-            worker.process.join(0.1)
-            exitcode = worker.process.exitcode
-        return WorkerDied(
-            worker.worker_id, worker.pid, exitcode, self._in_flight_of(worker.worker_id)
-        )
-
-    def _timeout_error(self) -> WorkerTimeout:
-        # torch's words, with the timeout as the user gave it ("after 5 seconds").
-        waited = f"DataLoader timed out after {self._plan.timeout} seconds"
-        task = self._tasks.get(self._next_yield)
-        if task is None:
-            return WorkerTimeout(f"{waited} waiting for a batch (timeout={self._plan.timeout})")
-        worker = self._workers[task.worker_id]
-        return WorkerTimeout(
-            f"{waited} waiting for worker {task.worker_id} (pid {worker.pid}) to fetch "
-            f"{describe_key(task.key, self._iterable_style)}"
-        )
 
     # -- teardown ------------------------------------------------------------------------------
 

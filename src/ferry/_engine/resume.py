@@ -1,5 +1,8 @@
 """Loading a state into a loader: what it must agree with, and fitting it to the loader.
 
+:class:`ResumableLoader` is the loader's resume API (``state_dict``, ``load_state_dict``),
+the API of torchdata's ``StatefulDataLoader``.
+
 :func:`identity_of` is what a state is checked against (see
 :func:`ferry._engine.cursor.from_plain`); :func:`warn_replay` says once that a stream without
 state will be fast-forwarded by reading.
@@ -21,13 +24,22 @@ out its own). The states of all old workers are merged and handed to every new w
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import replace
 from typing import Any
 
-from ferry._engine.cursor import Cursor, LoaderIdentity, Snapshot, WorkerCursor
+from ferry._engine.cursor import (
+    Cursor,
+    LoaderIdentity,
+    Snapshot,
+    WorkerCursor,
+    from_plain,
+    to_plain,
+)
+from ferry._engine.iterator import EpochTrack, LoaderIterator, between_epochs_cursor
 
-__all__ = ["fit_workers", "identity_of", "warn_replay"]
+__all__ = ["ResumableLoader", "fit_workers", "identity_of", "warn_replay"]
 
 
 def identity_of(loader: Any) -> LoaderIdentity:
@@ -118,3 +130,81 @@ def fit_workers(cursor: Cursor, num_workers: int, dataset: Any, iterable: bool) 
         merged.update(states)
     every = WorkerCursor(0, None, Snapshot(0, None, merged))
     return replace(fresh, workers=tuple(every for _ in range(max(num_workers, 1))))
+
+
+class ResumableLoader:
+    """``state_dict()`` and ``load_state_dict()`` of :class:`ferry.DataLoader` (a mixin: the
+    attributes below are the loader's)."""
+
+    dataset: Any
+    num_workers: int
+    generator: Any
+    sampler: Any
+    batch_sampler: Any
+    # The state loaded for the next iterator, the epoch track of the last iterator, and the
+    # state that iterator was loaded from (returned as it was until a batch moves it).
+    _pending: tuple[Cursor, dict[str, Any]] | None
+    _last_track: EpochTrack | None
+    _last_loaded: tuple[Cursor, dict[str, Any]] | None
+    _warned_replay: bool
+    _live_iterator: LoaderIterator | None
+
+    @property
+    def _iterable_style(self) -> bool:
+        raise NotImplementedError
+
+    def _replace_iterator(self, iterator: LoaderIterator | None) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch this loader handed out, as plain data.
+
+        Load it with :meth:`load_state_dict` into this loader or a new one built the same way
+        (in another process, after a crash) and the next iterator continues exactly there:
+        the rest of the epoch, then later epochs, with the same batches, shuffles, worker seeds
+        and (process workers) random augmentations as an uninterrupted run. Taken after the
+        last batch of an epoch (or before any), the next iterator begins the next epoch in full.
+
+        The state is plain data (``json`` and ``torch.save``/``torch.load(weights_only=True)``
+        keep it), small (a few kilobytes per worker, whatever the dataset's size), and cheap to
+        take: no worker is asked, so call it as often as you like.
+
+        Example::
+
+            >>> for step, batch in enumerate(loader):
+            ...     train(batch)
+            ...     if step % 1000 == 0:
+            ...         state = {"model": model.state_dict(), "loader": loader.state_dict()}
+            ...         torch.save(state, path)
+        """
+        if self._pending is not None:
+            return copy.deepcopy(self._pending[1])
+        track = self._last_track
+        if track is None:  # before the first epoch: the generators as they stand now
+            cursor = between_epochs_cursor(
+                Cursor(num_workers=self.num_workers),
+                self.generator,
+                self.sampler,
+                self.batch_sampler,
+            )
+        else:
+            cursor = track.position()
+            if self._last_loaded is not None and cursor is self._last_loaded[0]:
+                return copy.deepcopy(self._last_loaded[1])
+        return to_plain(cursor, identity_of(self))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Make the next iterator start where ``state_dict`` (from :meth:`state_dict`) was taken.
+
+        The loader may have another ``num_workers`` than the one the state came from (map-style
+        datasets; for streams see the README), and a :class:`~ferry.DistributedSampler` another
+        world size. Raises ValueError when the state does not fit this loader (another dataset
+        length, batch size, sampler kind, ...), naming what differs.
+        """
+        cursor = from_plain(state_dict, identity_of(self))
+        cursor = fit_workers(cursor, self.num_workers, self.dataset, self._iterable_style)
+        if not self._warned_replay:
+            self._warned_replay = warn_replay(cursor, self.dataset, self._iterable_style)
+        self._pending = (cursor, copy.deepcopy(state_dict))
+        if self._live_iterator is not None:
+            self._replace_iterator(None)  # persistent workers: the next iter() starts there

@@ -30,7 +30,7 @@ class Pending(NamedTuple):
     worker_id: int
     number: int  # the batch's number in the epoch
     key: Any
-    sent: float  # time.monotonic() when it was handed to the worker
+    sent: float  # time.perf_counter() when it was handed to the worker
 
 
 def thread_stacks(workers: Sequence[WorkerHandle], worker_ids: list[int]) -> dict[int, Stack]:
@@ -93,7 +93,7 @@ def _describe_holder(
         ]
     lines += [
         f"    then batch {number} ({describe_key(key, iterable)}), handed to it "
-        f"{now - sent:.1f} s ago"
+        f"{time.perf_counter() - sent:.1f} s ago"
         for _, _, number, key, sent in tasks
     ]
     if stack is not None:
