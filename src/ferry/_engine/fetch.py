@@ -29,6 +29,7 @@ __all__ = [
     "IterableFetcher",
     "MapFetcher",
     "Outcome",
+    "SkippingMapFetcher",
     "make_fetcher",
     "one_call_gather",
 ]
@@ -102,11 +103,6 @@ class MapFetcher(_TimedFetch):
         self.gather = one_call_gather(dataset, auto_collation, collate_fn)
 
     def fetch(self, key: Any) -> Any:
-        if self.skip_as is None:
-            return self._fetch_whole(key)
-        return self._fetch_skipping(key)
-
-    def _fetch_whole(self, key: Any) -> Any:
         start = perf_counter()
         if not self.auto_collation:
             samples = self.dataset[key]
@@ -121,14 +117,19 @@ class MapFetcher(_TimedFetch):
                 samples = list(samples)  # a user's collate_fn gets the plain list torch gives
         return self._collate(samples, start)
 
-    def _fetch_skipping(self, key: Any) -> Any:
+
+class SkippingMapFetcher(MapFetcher):
+    """A :class:`MapFetcher` for ``on_error="skip"`` (its own class, so the common path has no
+    skip check)."""
+
+    def fetch(self, key: Any) -> Any:
         """``on_error="skip"``: the batch in one go first (the fast path, and the common case);
         if that raises, sample by sample, dropping the samples that raise. The batch then comes
         out short: filling it from later keys would shift every later batch's boundaries, and
         a resume's position, by the number of bad samples."""
         start = perf_counter()
         try:
-            batch = self._fetch_whole(key)
+            batch = super().fetch(key)
         except StopIteration:
             raise  # ends a map-style epoch, as in torch: not a bad sample
         except Exception as exc:
@@ -267,4 +268,6 @@ def make_fetcher(
     """The fetcher for a dataset; ``skip_as``: the worker id, with ``on_error="skip"``."""
     if iterable:
         return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, skip_as)
-    return MapFetcher(dataset, auto_collation, collate_fn, skip_as)
+    if skip_as is not None:
+        return SkippingMapFetcher(dataset, auto_collation, collate_fn, skip_as)
+    return MapFetcher(dataset, auto_collation, collate_fn)
