@@ -46,3 +46,44 @@ def test_worker_allocator_reports_the_same_error() -> None:
         allocator.empty((1 << 40, 1 << 10), shm.torch.float32)
     allocator.abandon()
     allocator.close()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.skipif(not shm.SLABS_SUPPORTED, reason="no memfd_create on this platform")
+def test_a_slab_announced_without_its_descriptor_yet_does_not_block() -> None:
+    """A worker stopped (SIGSTOP) between a slab's announcement, its descriptor and its batch:
+    the main side reads only what is there and comes back for the rest, so the loop (and its
+    ``timeout``) is never stuck inside a read."""
+    import multiprocessing
+    import pickle
+
+    from ferry._engine.channels import ProcessChannel
+    from ferry._engine.group import WorkerHandle
+    from ferry._engine.messages import Done, NewSlab
+    from ferry._engine.slabfile import send_fd
+
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    worker = WorkerHandle(0, conn=ours)
+    read = ProcessChannel._read
+    fd = os.memfd_create("ferry-test")
+    try:
+        os.ftruncate(fd, 4096)
+        theirs.send_bytes(pickle.dumps(NewSlab(7, 4096)))
+        assert read(None, worker) is None  # type: ignore[arg-type]
+        assert worker.slabs.awaiting == NewSlab(7, 4096)
+        assert not ours.poll(0)
+        send_fd(theirs, fd)
+        assert read(None, worker) is None  # type: ignore[arg-type]
+        assert worker.slabs.awaiting is None
+        theirs.send_bytes(pickle.dumps(Done(0, b"payload", (7,))))
+        assert read(None, worker) == Done(0, b"payload", (7,))
+        # All three at once: one read takes them all.
+        theirs.send_bytes(pickle.dumps(NewSlab(8, 4096)))
+        send_fd(theirs, fd)
+        theirs.send_bytes(pickle.dumps(Done(1, b"next", (8,))))
+        assert read(None, worker) == Done(1, b"next", (8,))
+    finally:
+        os.close(fd)
+        ours.close()
+        theirs.close()
+        worker.slabs.close()

@@ -138,23 +138,36 @@ class ProcessChannel(Channel):
         ready = self._ready(wait_for)
         for fd in ready:
             worker = self._pipes.get(fd)
-            if worker is not None:
-                return worker.worker_id, self._read(worker)
+            if worker is not None and (message := self._read(worker)) is not None:
+                return worker.worker_id, message
         for fd in ready:
-            worker = self._sentinels[fd]
+            worker = self._sentinels.get(fd)
+            if worker is None:
+                continue
             assert worker.conn is not None
-            if worker.conn.poll(0):
-                return worker.worker_id, self._read(worker)  # its last words first
+            while worker.conn.poll(0):  # its last words first
+                if (message := self._read(worker)) is not None:
+                    return worker.worker_id, message
             raise WorkerGone(worker)
         return None
 
-    def _read(self, worker: WorkerHandle) -> WorkerMessage:
-        assert worker.conn is not None
+    def _read(self, worker: WorkerHandle) -> WorkerMessage | None:
+        """The worker's next message, reading only what is already there, so a worker stopped
+        (SIGSTOP) between a slab's announcement, its descriptor and its batch cannot block the
+        loop and its ``timeout``: None when only a slab arrived so far."""
+        conn, slabs = worker.conn, worker.slabs
+        assert conn is not None
         try:
-            message = pickle.loads(worker.conn.recv_bytes())
-            while isinstance(message, NewSlab):
-                worker.slabs.receive(message, worker.conn, worker.worker_id)
-                message = pickle.loads(worker.conn.recv_bytes())
+            while True:
+                if slabs.awaiting is not None:
+                    slabs.take_descriptor(conn, worker.worker_id)
+                else:
+                    message = pickle.loads(conn.recv_bytes())
+                    if not isinstance(message, NewSlab):
+                        break
+                    slabs.announced(message, worker.worker_id)
+                if not conn.poll(0):
+                    return None
         except (EOFError, OSError):
             raise WorkerGone(worker) from None
         assert isinstance(message, (Ready, Done, Exhausted, Failed, Stack)), message

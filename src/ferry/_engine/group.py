@@ -187,10 +187,17 @@ class WorkerGroup:
                     process.join(max(0.05, deadline - time.monotonic()))
                     continue
                 conn = cast(Connection, ready)
+                slabs = conns[conn].slabs
                 try:
+                    # One step at a time, as the channel reads (a stopped worker may not have
+                    # sent a slab's descriptor yet).
+                    if slabs.awaiting is not None:
+                        slabs.awaiting = None
+                        os.close(recv_fd(conn))
+                        continue
                     message = pickle.loads(conn.recv_bytes())
                     if isinstance(message, NewSlab) and message.name is None:
-                        os.close(recv_fd(conn))
+                        slabs.awaiting = message
                     elif isinstance(message, Stop):
                         leaving.add(conns[conn].worker_id)
                 except (EOFError, OSError):

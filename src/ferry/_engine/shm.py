@@ -30,7 +30,7 @@ import os
 import pickle
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -339,15 +339,35 @@ class SlabMaps:
         self._maps: dict[int, Any] = {}
         self._freed: collections.deque[int] = collections.deque()
         self._lock = threading.Lock()
+        # A slab announced whose descriptor has not been read yet.
+        self.awaiting: NewSlab | None = None
 
-    def receive(self, slab: NewSlab, conn: Connection, worker_id: int) -> None:
-        """Map the slab ``slab`` announces: by its name, or by the descriptor that follows it
-        on ``conn``. Holds no descriptor afterwards."""
-        try:
-            if slab.name is not None:
-                self._maps[slab.slab_id] = open_named(slab.name, slab.size)
-                return
+    def announced(self, slab: NewSlab, worker_id: int) -> None:
+        """Map the slab ``slab`` announces by its name; a slab without a name waits for the
+        descriptor that follows the announcement on the connection (:meth:`take_descriptor`).
+        Holds no descriptor afterwards."""
+        if slab.name is None:
+            self.awaiting = slab
+            return
+        with self._limit_reached(worker_id):
+            self._maps[slab.slab_id] = open_named(slab.name, slab.size)
+
+    def take_descriptor(self, conn: Connection, worker_id: int) -> None:
+        """Receive the descriptor of the slab announced last and map it; call only when it is
+        there to read (a stopped worker may not have sent it yet: the caller must not block)."""
+        slab, self.awaiting = self.awaiting, None
+        assert slab is not None
+        with self._limit_reached(worker_id):
             fd = recv_fd(conn)
+        try:
+            self._maps[slab.slab_id] = map_file(fd, slab.size)
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _limit_reached(self, worker_id: int) -> Iterator[None]:
+        try:
+            yield
         except OSError as exc:
             if not is_descriptor_limit(exc):
                 raise
@@ -356,10 +376,6 @@ class SlabMaps:
                 f"receiving a shared-memory slab from worker {worker_id}",
                 f"It has {len(self._maps)} slabs of that worker mapped.",
             ) from exc
-        try:
-            self._maps[slab.slab_id] = map_file(fd, slab.size)
-        finally:
-            os.close(fd)
 
     def take_freed(self) -> tuple[int, ...]:
         """Slabs whose batches are gone since the last call."""
