@@ -21,8 +21,10 @@ Stages, in seconds summed over the epoch:
 
 Workers run in parallel, so the stage times of workers can add up to more than the wall time;
 each worker's busy time (fetch, collate and its part of the hand-off) is at most the wall time.
-``ready`` counts the batches that were already waiting when the loop asked (the loader is
-ahead); ``waited`` the others (the loader is the bottleneck).
+``ready`` counts the batches that were already waiting when the loop asked; ``waited`` the
+others. ``bottleneck`` is judged by time, not by those counts: the loader is the bottleneck when
+the loop spends at least 10% of the wall time blocked in ``next()`` (workers that finish
+together leave half the batches ready although the loop waits for the other half all the time).
 
 Recording costs a few clock reads per batch (measured in BENCHMARKS.md).
 """
@@ -36,6 +38,8 @@ from typing import Any
 __all__ = ["LoaderStats", "WorkerStats"]
 
 _STAGES = ("sampler", "fetch", "collate", "hand_off", "wait", "pin")
+# The loop blocked in next() at least this share of the wall time: the loader holds it back.
+LOADER_BOUND = 0.10
 
 
 @dataclass(frozen=True)
@@ -75,17 +79,24 @@ class LoaderStats:
         return self.batches / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
+    def wait_share(self) -> float:
+        """The share of the wall time the training loop spent blocked in ``next()``."""
+        return min(self.wait_s / self.wall_s, 1.0) if self.wall_s > 0 else 0.0
+
+    @property
     def bottleneck(self) -> str:
-        """ "loader" when the training loop waits for most batches, else "training loop"."""
+        """ "loader" when the loop spent at least 10% of the wall time blocked in ``next()``,
+        else "training loop"; "unknown" before the first batch."""
         if not self.batches:
             return "unknown"
-        return "loader" if self.waited > self.ready else "training loop"
+        return "loader" if self.wait_share >= LOADER_BOUND else "training loop"
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (numbers, strings, lists, dicts) for loggers."""
         plain = asdict(self)
         plain["stages_s"] = {stage: plain.pop(f"{stage}_s") for stage in _STAGES}
         plain["batches_per_s"] = self.batches_per_s
+        plain["wait_share"] = self.wait_share
         plain["bottleneck"] = self.bottleneck
         plain["workers"] = [dict(w) for w in plain["workers"]]
         return plain
@@ -117,8 +128,9 @@ class LoaderStats:
                 f"{100 * worker.busy_fraction:.0f}% ({worker.busy_s:.3f} s)"
             )
         lines.append(
-            f"  next() found the batch ready {self.ready} times and waited {self.waited} times: "
-            f"the bottleneck is the {self.bottleneck}"
+            f"  next() found the batch ready {self.ready} times and waited {self.waited} times, "
+            f"{100 * self.wait_share:.0f}% of the wall time: the bottleneck is the "
+            f"{self.bottleneck}"
         )
         if self.hand_off_bytes:
             lines.append(f"  hand-off moved {self.hand_off_bytes / 2**20:.1f} MiB")

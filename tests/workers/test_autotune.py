@@ -103,12 +103,11 @@ def behind_and_busy(workers: int, *, worker_ms: float, loop_ms: float) -> Loader
     )
 
 
-BEHIND_IDLE: dict[str, Any] = {
-    "waited": 70,
-    "busy": 0.3,
-}  # uneven batches: waited although workers idle
+# uneven batches: the loop waited (40% of its time) although workers idle
+BEHIND_IDLE: dict[str, Any] = {"waited": 70, "busy": 0.3, "wait": 0.4}
 AHEAD_IDLE: dict[str, Any] = {"waited": 1, "busy": 0.2}  # loop never waits, workers mostly idle
-BALANCED: dict[str, Any] = {"waited": 30, "busy": 0.6}  # neither rule applies
+# neither rule applies: 30 short waits, 5% of the wall time
+BALANCED: dict[str, Any] = {"waited": 30, "busy": 0.6, "wait": 0.05}
 
 
 @pytest.mark.parametrize(
@@ -214,6 +213,15 @@ def test_a_faster_trial_is_kept_if_batches_per_s_rose() -> None:
     assert "(settled after epoch " in chosen.reason
 
 
+def test_workers_handing_in_batches_together_are_behind() -> None:
+    """Two busy workers finish together: half the batches are ready when asked, yet the loop
+    waits 60% of the time. Judged by that time, the loader is behind: more workers."""
+    chosen = tuner(cpus=8)
+    together = epoch(workers=2, waited=50, busy=0.9, wall=1.0, wait=0.6)
+    assert chosen.after_epoch(together, (2, 2)) == (4, 2)  # twice as many, at most
+    assert "the loop waited for 50 of 100 batches (60% of the wall time)" in chosen.reason
+
+
 def test_a_faster_trial_is_undone_if_batches_per_s_did_not_rise() -> None:
     chosen = tuner(cpus=8)
     assert chosen.after_epoch(behind_and_busy(2, worker_ms=12, loop_ms=4), (2, 2)) == (3, 2)
@@ -291,7 +299,7 @@ def test_a_balanced_epoch_settles() -> None:
     assert chosen.after_epoch(epoch(**BALANCED), (2, 2)) == (2, 2)
     assert chosen.reason == (
         "num_workers=2, prefetch_factor=2 (settled after epoch 1): the loop waited for 30 of 100 "
-        "batches and the workers were 60% busy: the loader keeps up"
+        "batches (5% of the wall time) and the workers were 60% busy: the loader keeps up"
     )
     assert chosen.after_epoch(epoch(**AHEAD_IDLE), (2, 2)) == (2, 2)
 

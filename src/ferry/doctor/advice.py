@@ -31,8 +31,6 @@ __all__ = [
 # and handing a batch over from a worker costs a sizeable part of a millisecond, so more
 # workers (or a faster __getitem__) would gain little.
 SLOW_BATCH_S = 1e-3
-# The loop spends at least this share of the wall time blocked in next(): worth acting on.
-LOOP_WAITS = 0.10
 # Without workers, the main process making batches this share of the wall time: workers would
 # take that off the loop.
 MAIN_BUSY = 0.5
@@ -86,17 +84,13 @@ class Findings:
     @property
     def loop_waits(self) -> float:
         """The share of the wall time the loop spent blocked in next()."""
-        return self.stats.wait_s / self.stats.wall_s
+        return self.stats.wait_share
 
     @property
     def loader_bound(self) -> bool:
-        """The loader is the bottleneck: the loop spent a real share of its time waiting.
-
-        Judged by time, not by ``stats.bottleneck`` (more batches waited for than found
-        ready): with several workers finishing together, half the batches are ready when
-        asked although the loop waits for the other half all the time.
-        """
-        return self.loop_waits >= LOOP_WAITS
+        """The loader is the bottleneck: the loop spent a real share of its time waiting
+        (``LoaderStats.bottleneck``, judged by time)."""
+        return self.stats.bottleneck == "loader"
 
     @property
     def workers_busy(self) -> float:
