@@ -22,9 +22,14 @@ Stages, in seconds summed over the epoch:
 Workers run in parallel, so the stage times of workers can add up to more than the wall time;
 each worker's busy time (fetch, collate and its part of the hand-off) is at most the wall time.
 ``ready`` counts the batches that were already waiting when the loop asked; ``waited`` the
-others. ``bottleneck`` is judged by time, not by those counts: the loader is the bottleneck when
-the loop spends at least 10% of the wall time blocked in ``next()`` (workers that finish
-together leave half the batches ready although the loop waits for the other half all the time).
+others. ``first_batch_s`` is the time from ``iter()`` to the first batch (worker start-up
+included), ``first_wait_s`` the part of it the loop spent in ``next()``. ``bottleneck`` is
+mostly judged by time: the loader is the bottleneck when, after the first batch, the loop
+spends at least 10% of the time blocked in ``next()`` (``wait_share``), waiting for at least
+10% of the batches. "Waited for more batches than found ready" misses workers that finish
+together (every other batch is ready although the loop waits all the time); the time alone
+would count the main process's own cost of a batch that is already there. Start-up is a cost
+of its own, which ``persistent_workers`` saves.
 
 Recording costs a few clock reads per batch (measured in BENCHMARKS.md).
 """
@@ -38,7 +43,8 @@ from typing import Any
 __all__ = ["LoaderStats", "WorkerStats"]
 
 _STAGES = ("sampler", "fetch", "collate", "hand_off", "wait", "pin")
-# The loop blocked in next() at least this share of the wall time: the loader holds it back.
+# The loop blocked in next() at least this share of its time, waiting for at least this share
+# of the batches: the loader holds it back.
 LOADER_BOUND = 0.10
 
 
@@ -71,6 +77,8 @@ class LoaderStats:
     hand_off_bytes: int
     workers: tuple[WorkerStats, ...]
     skipped: int = 0  # samples dropped by on_error="skip" this epoch
+    first_batch_s: float = 0.0  # from iter() to the first batch handed out (start-up included)
+    first_wait_s: float = 0.0  # of which the loop spent in next()
     # What num_workers="auto"/prefetch_factor="auto" chose and why ("" when neither is used).
     tuning: str = ""
 
@@ -80,16 +88,22 @@ class LoaderStats:
 
     @property
     def wait_share(self) -> float:
-        """The share of the wall time the training loop spent blocked in ``next()``."""
-        return min(self.wait_s / self.wall_s, 1.0) if self.wall_s > 0 else 0.0
+        """The share of the time after the first batch that the training loop spent blocked
+        in ``next()`` (the whole epoch's when it has one batch)."""
+        wait, wall = self.wait_s, self.wall_s
+        if self.batches > 1 and wall > self.first_batch_s:
+            wait, wall = wait - self.first_wait_s, wall - self.first_batch_s
+        return min(max(wait, 0.0) / wall, 1.0) if wall > 0 else 0.0
 
     @property
     def bottleneck(self) -> str:
-        """ "loader" when the loop spent at least 10% of the wall time blocked in ``next()``,
-        else "training loop"; "unknown" before the first batch."""
+        """ "loader" when the loop spent at least 10% of the time blocked in ``next()`` (after
+        the first batch: ``wait_share``) and waited for at least 10% of the batches, else
+        "training loop"; "unknown" before any batch."""
         if not self.batches:
             return "unknown"
-        return "loader" if self.wait_share >= LOADER_BOUND else "training loop"
+        behind = self.wait_share >= LOADER_BOUND and self.waited >= LOADER_BOUND * self.batches
+        return "loader" if behind else "training loop"
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (numbers, strings, lists, dicts) for loggers."""
@@ -128,9 +142,9 @@ class LoaderStats:
                 f"{100 * worker.busy_fraction:.0f}% ({worker.busy_s:.3f} s)"
             )
         lines.append(
-            f"  next() found the batch ready {self.ready} times and waited {self.waited} times, "
-            f"{100 * self.wait_share:.0f}% of the wall time: the bottleneck is the "
-            f"{self.bottleneck}"
+            f"  next() found the batch ready {self.ready} times and waited {self.waited} times; "
+            f"after the first batch the loop waited {100 * self.wait_share:.0f}% of the time: "
+            f"the bottleneck is the {self.bottleneck}"
         )
         if self.hand_off_bytes:
             lines.append(f"  hand-off moved {self.hand_off_bytes / 2**20:.1f} MiB")
@@ -150,6 +164,8 @@ class StatsRecorder:
         "collate",
         "ended",
         "fetch",
+        "first_batch",
+        "first_wait",
         "hand_off",
         "hand_off_bytes",
         "made",
@@ -167,6 +183,7 @@ class StatsRecorder:
         self.ended: float | None = None
         self.batches = self.ready = self.waited = self.hand_off_bytes = self.skipped = 0
         self.sampler = self.fetch = self.collate = self.hand_off = self.wait = self.pin = 0.0
+        self.first_batch = self.first_wait = 0.0
         self.busy = [0.0] * num_workers
         self.made = [0] * num_workers
 
@@ -205,4 +222,6 @@ class StatsRecorder:
             workers=workers if engine != "inline" else (),
             skipped=self.skipped,
             tuning=tuning,
+            first_batch_s=self.first_batch,
+            first_wait_s=self.first_wait,
         )

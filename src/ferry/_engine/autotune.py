@@ -15,9 +15,9 @@ one worker: ``"auto"`` never loads in the training loop's thread. An unknown CPU
 ``MIN_BATCHES`` batches, from that epoch's :class:`~ferry.stats.LoaderStats`. Busy: the workers'
 mean busy fraction. At most one change per epoch:
 
-1. *The loader is behind* (``LoaderStats.bottleneck``: the loop spent at least 10% of the wall
-   time blocked in ``next()``; not the count of batches waited for, which two workers handing
-   in batches together halve) and the workers are busy (>= ``BUSY``): more workers. Enough to keep up by the epoch's figures
+1. *The loader is behind* (``LoaderStats.bottleneck``: after the first batch, the loop spent
+   at least 10% of its time blocked in ``next()``, waiting for at least 10% of the batches) and
+   the workers are busy (>= ``BUSY``): more workers. Enough to keep up by the epoch's figures
    (worker seconds per batch / the loop's own seconds per batch), at least one more and at most
    twice as many, within the CPUs.
 2. *The loader is behind although the workers are idle* (< ``BUSY``): batch times are uneven,
@@ -272,8 +272,8 @@ class Tuner:
         """Rules 1 to 4 of the module docstring applied to the epoch ``stats``."""
         busy = sum(w.busy_fraction for w in stats.workers) / max(len(stats.workers), 1)
         seen = (
-            f"the loop waited for {stats.waited} of {stats.batches} batches "
-            f"({100 * stats.wait_share:.0f}% of the wall time) and the workers were "
+            f"the loop waited for {stats.waited} of {stats.batches} batches, "
+            f"{100 * stats.wait_share:.0f}% of its time, and the workers were "
             f"{100 * busy:.0f}% busy"
         )
         if stats.bottleneck == "loader":  # behind: judged by time, as LoaderStats does

@@ -308,6 +308,8 @@ class LoaderIterator:
         stats = track.stats
         got = perf_counter()
         stats.wait += got - asked
+        if not stats.batches:
+            stats.first_batch, stats.first_wait = got - stats.started, got - asked
         stats.batches += 1
         # The one place the position moves: the batch is now the user's.
         track.delivered(number, worker_id, worker)
