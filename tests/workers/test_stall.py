@@ -94,6 +94,8 @@ def test_stall_report_names_the_stuck_worker_its_batches_and_its_stack(
     message = str(caught[0].message)
     assert message.startswith("DataLoader stalled: the training loop has waited ")
     assert "for batch 2 (stall_warning=0.4)" in message
+    (waited,) = durations(message, r"the training loop has waited ")
+    assert waited >= LIMIT, message  # a sub-second threshold is not rounded to "0 s"
     assert f"worker 0 (pid {pid}): fetching batch 2 (indices [4, 5]) for " in message
     (fetching,) = durations(message, r"fetching batch 2 \(indices \[4, 5\]\) for ")
     assert LIMIT / 2 <= fetching <= 10 * STUCK, message

@@ -57,7 +57,7 @@ def stall_message(
     batch = next((p.number for p in pending if p.task == waiting_for), None)
     what = f"batch {batch}" if batch is not None else "the next batch"
     lines = [
-        f"DataLoader stalled: the training loop has waited {waited:.0f} s for {what} "
+        f"DataLoader stalled: the training loop has waited {_seconds(waited)} for {what} "
         f"(stall_warning={limit:g}). Workers holding unfinished batches:"
     ]
     for worker_id, (pid, stack) in sorted(holders.items()):
@@ -100,3 +100,8 @@ def _describe_holder(
         lines.append("    its stack (most recent call last):")
         lines += ["    " + line for line in stack.stack.rstrip().splitlines()]
     return lines
+
+
+def _seconds(waited: float) -> str:
+    """Whole seconds from 10 s on; a sub-second or few-second threshold keeps its precision."""
+    return f"{waited:.0f} s" if waited >= 10 else f"{waited:.2g} s"
