@@ -32,7 +32,13 @@ from ferry._torch_types import TorchDistributedSampler
 from ferry._validate import as_int, check_bool
 from ferry.samplers import SamplerRun, TensorChunkSampler
 
-__all__ = ["DistributedSampler", "NoProcessGroupError", "shard", "shard_info"]
+__all__ = [
+    "DatasetLengthChangedError",
+    "DistributedSampler",
+    "NoProcessGroupError",
+    "shard",
+    "shard_info",
+]
 
 T = TypeVar("T")
 
@@ -43,6 +49,15 @@ class NoProcessGroupError(RuntimeError, ValueError):
     Both a ``RuntimeError`` and a ``ValueError``: torch raises the first when
     ``torch.distributed`` is not built in and the second when no default process group was
     initialised, and code written against torch may catch either.
+    """
+
+
+class DatasetLengthChangedError(RuntimeError, AssertionError):
+    """Raised when a :class:`DistributedSampler` is iterated after its dataset's length changed.
+
+    Both a ``RuntimeError`` and an ``AssertionError``: torch's sampler fails some of these
+    iterations with an ``AssertionError`` (``Number of indices (...) does not match
+    total_size (...)``), and code written against torch may catch that.
     """
 
 
@@ -137,6 +152,10 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
         ValueError: ``num_replicas`` is not positive, or ``rank`` is outside
             ``[0, num_replicas)``.
         TypeError: an option has the wrong type, or ``dataset`` has no length.
+
+    Iterating raises :class:`DatasetLengthChangedError` when the dataset's length changed
+    since construction, and ``AssertionError`` (or ``ValueError``) when ``rank`` or
+    ``num_replicas`` was reassigned to a split that does not fit ``num_samples``.
 
     Example::
 
@@ -258,11 +277,8 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
         """
         length = len(self.dataset)
         if length != self._length:
-            raise RuntimeError(
-                f"the dataset's length changed from {self._length} to {length} after the "
-                "DistributedSampler was built; the split between ranks is fixed at "
-                "construction, so build a new sampler for the new length"
-            )
+            raise self._length_changed(length)
+        self._check_split()
         if run.start is not None and self._epoch_set and int(run.start["epoch"]) != self.epoch:
             # set_epoch moved on since the state was saved (Lightning does when it resumes
             # from a checkpoint taken at an epoch's end): that epoch is over, this one is new.
@@ -292,6 +308,55 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
         generator = torch.Generator()
         generator.manual_seed(self.seed + epoch)
         yield torch.randperm(length, generator=generator)[positions]
+
+    def _length_changed(self, length: int) -> DatasetLengthChangedError:
+        """The error for an iteration over a dataset whose length is now ``length``.
+
+        Where torch's sampler fails the same iteration (it builds its list of indices from the
+        new length and checks it against ``total_size``), the message starts with torch's words
+        and its count; elsewhere torch yields a different split without a word.
+        """
+        detail = (
+            f"the dataset's length changed from {self._length} to {length} after the "
+            "DistributedSampler was built; the split between ranks is fixed at construction, "
+            "so build a new sampler for the new length"
+        )
+        counted = None  # how many indices torch's list of the new length holds, if it fails
+        if self.drop_last:
+            if length < self.total_size:
+                counted = length
+        elif self.pad and length > self.total_size:
+            # torch pads with indices[: total_size - length]: the first total_size of them.
+            counted = length + self.total_size
+        if counted is not None:
+            detail = (
+                f"Number of indices ({counted}) does not match total_size ({self.total_size}): "
+                + detail
+            )
+        return DatasetLengthChangedError(detail)
+
+    def _check_split(self) -> None:
+        """Check that ``rank`` and ``num_replicas``, which may be reassigned after
+        construction, still describe a share of ``num_samples`` positions of the epoch's list
+        of ``total_size`` (one of ``num_replicas`` shares, as the sampler was built)."""
+        rank, replicas, total = self.rank, self.num_replicas, self.total_size
+        if replicas != 0:
+            # torch takes indices[rank:total_size:num_replicas] and checks how many it got.
+            got = len(range(total)[rank:total:replicas])
+            if got != self.num_samples:
+                raise AssertionError(
+                    f"Number of subsampled indices ({got}) does not match num_samples "
+                    f"({self.num_samples}): rank={rank} of num_replicas={replicas} does not "
+                    f"pick {self.num_samples} of the epoch's {total} positions; rank or "
+                    "num_replicas was changed after the DistributedSampler was built, so "
+                    "build a new sampler for the new split"
+                )
+        if not 0 <= rank < replicas:
+            raise ValueError(
+                f"Invalid rank {rank}, rank should be in the interval [0, {replicas - 1}]: "
+                f"rank={rank} and num_replicas={replicas} were set after the "
+                "DistributedSampler was built; build a new sampler for the new split"
+            )
 
     def __repr__(self) -> str:
         return (

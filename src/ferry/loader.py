@@ -348,6 +348,14 @@ class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
         return self._make_iterator()
 
     def _make_iterator(self) -> LoaderIterator:
+        if self.num_workers < 0:
+            # Only reachable by setting num_workers after construction, which checks it; torch
+            # refuses it here too (an iterator with workers needs at least one).
+            raise AssertionError(
+                "num_workers must be greater than 0 for loading with workers, got "
+                f"num_workers={self.num_workers} (set after the DataLoader was built); use "
+                "num_workers=0 to load in the main process"
+            )
         if self.num_workers > 0 and not self.prefetch_factor:
             # torch refuses it when the iterator is made: no batch could ever be asked for.
             raise AssertionError(

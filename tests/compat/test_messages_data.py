@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from torch.utils.data._utils.collate import collate as torch_collate
 from torch.utils.data._utils.worker import WorkerInfo as TorchWorkerInfo
 
 import ferry
@@ -30,6 +31,16 @@ def worker_info(module: Any) -> Any:
 
 def set_worker_id(module: Any) -> None:
     worker_info(module).id = 1
+
+
+def delete_worker_id(module: Any) -> None:
+    del worker_info(module).id
+
+
+def collate_without_map(module: Any) -> Any:
+    """``collate`` (which ``default_collate`` calls with the default map) with an empty map."""
+    collate = torch_collate if module is tud else module.collate
+    return collate([object(), object()], collate_fn_map={})
 
 
 class Short:
@@ -67,6 +78,31 @@ def without_distributed(module: Any) -> Any:
         return module.DistributedSampler(range(4))
 
 
+def without_distributed_rank(module: Any) -> Any:
+    """No ``torch.distributed``, ``num_replicas`` given: torch's second check, for the rank."""
+    with mock.patch.object(torch.distributed, "is_available", return_value=False):
+        return module.DistributedSampler(range(4), num_replicas=2)
+
+
+def distributed_after_change(change: str, **kwargs: Any) -> Any:
+    """Iterates a ``DistributedSampler`` of 4 indices over 2 ranks after ``change``: the
+    dataset grows or shrinks by one, or ``rank``/``num_replicas`` is reassigned."""
+
+    def trigger(module: Any) -> Any:
+        data = list(range(4))
+        sampler = module.DistributedSampler(data, num_replicas=2, rank=0, **kwargs)
+        if change == "grow":
+            data.append(4)
+        elif change == "shrink":
+            data.pop()
+        else:
+            name, value = change.split("=")
+            setattr(sampler, name, int(value))
+        return list(sampler)
+
+    return trigger
+
+
 def nested_tensors(module: Any) -> Any:
     nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
     return module.default_collate([nested, nested])
@@ -78,11 +114,14 @@ def sparse_tensors(module: Any) -> Any:
 
 
 SAMPLERS = [
-    Case(
-        "random_replacement_not_bool",
-        lambda m: m.RandomSampler(range(3), replacement=0),
-        TypeError,
-        ("replacement should be a boolean value, but got replacement=0",),
+    *(
+        Case(
+            f"random_replacement_{label}",
+            lambda m, value=value: m.RandomSampler(range(3), replacement=value),
+            TypeError,
+            (f"replacement should be a boolean value, but got replacement={value}",),
+        )
+        for label, value in [("not_bool", 0), ("str", "yes")]
     ),
     *(
         Case(
@@ -106,19 +145,34 @@ SAMPLERS = [
             ValueError,
             (f"num_samples {POSITIVE} num_samples={n}",),
         )
-        for label, n in [("zero", 0), ("bool", True), ("float", 1.5)]
+        for label, n in [
+            ("zero", 0),
+            ("bool", True),
+            ("float", 1.5),
+            ("negative", -1),
+            ("none", None),
+        ]
     ),
-    Case(
-        "weighted_replacement_not_bool",
-        lambda m: m.WeightedRandomSampler([1.0, 2.0], 2, replacement=1),
-        ValueError,
-        ("replacement should be a boolean value, but got replacement=1",),
+    *(
+        Case(
+            f"weighted_replacement_{label}",
+            lambda m, value=value: m.WeightedRandomSampler([1.0, 2.0], 2, replacement=value),
+            ValueError,
+            (f"replacement should be a boolean value, but got replacement={value}",),
+        )
+        for label, value in [("not_bool", 1), ("none", None)]
     ),
-    Case(
-        "weighted_weights_2d",
-        lambda m: m.WeightedRandomSampler([[1.0, 2.0], [3.0, 4.0]], 2),
-        ValueError,
-        (r"weights should be a 1d sequence but given weights have shape \(2, 2\)",),
+    *(
+        Case(
+            f"weighted_weights_{label}",
+            lambda m, weights=weights: m.WeightedRandomSampler(weights, 2),
+            ValueError,
+            (rf"weights should be a 1d sequence but given weights have shape {shape}",),
+        )
+        for label, weights, shape in [
+            ("2d", [[1.0, 2.0], [3.0, 4.0]], r"\(2, 2\)"),
+            ("scalar", 1.0, r"\(\)"),
+        ]
     ),
     *(
         Case(
@@ -127,19 +181,36 @@ SAMPLERS = [
             ValueError,
             (f"batch_size {POSITIVE} batch_size={size}",),
         )
-        for label, size in [("zero", 0), ("bool", True), ("none", None), ("float", 2.0)]
+        for label, size in [
+            ("zero", 0),
+            ("bool", True),
+            ("none", None),
+            ("float", 2.0),
+            ("negative", -1),
+            ("str", "2"),
+        ]
     ),
-    Case(
-        "batch_sampler_drop_last_not_bool",
-        lambda m: m.BatchSampler(range(4), 2, 1),
-        ValueError,
-        ("drop_last should be a boolean value, but got drop_last=1",),
+    *(
+        Case(
+            f"batch_sampler_drop_last_{label}",
+            lambda m, value=value: m.BatchSampler(range(4), 2, value),
+            ValueError,
+            (f"drop_last should be a boolean value, but got drop_last={value}",),
+        )
+        for label, value in [("not_bool", 1), ("none", None)]
     ),
     Case(
         "sampler_base_iter",
         lambda m: iter(m.Sampler()),
         NotImplementedError,
         (),
+    ),
+    # torch's Sampler deliberately has no __len__ (see the note in torch's sampler.py).
+    Case(
+        "sampler_base_len",
+        lambda m: len(m.Sampler()),
+        TypeError,
+        (r"object of type 'Sampler' has no len\(\)",),
     ),
     *(
         Case(
@@ -150,11 +221,14 @@ SAMPLERS = [
         )
         for label, rank in [("too_large", 2), ("negative", -1)]
     ),
-    Case(
-        "distributed_no_replicas",
-        lambda m: m.DistributedSampler(range(4), num_replicas=0, rank=0),
-        ValueError,
-        (r"Invalid rank 0, rank should be in the interval \[0, -1\]",),
+    *(
+        Case(
+            f"distributed_{label}_replicas",
+            lambda m, n=n: m.DistributedSampler(range(4), num_replicas=n, rank=0),
+            ValueError,
+            (rf"Invalid rank 0, rank should be in the interval \[0, {n - 1}\]",),
+        )
+        for label, n in [("no", 0), ("negative", -2)]
     ),
     *(
         Case(
@@ -173,6 +247,39 @@ SAMPLERS = [
         without_distributed,
         RuntimeError,
         ("Requires distributed package to be available",),
+    ),
+    Case(
+        "distributed_package_unavailable_for_rank",
+        without_distributed_rank,
+        RuntimeError,
+        ("Requires distributed package to be available",),
+    ),
+    *(
+        Case(
+            f"distributed_{label}",
+            distributed_after_change(change, **kwargs),
+            AssertionError,
+            (rf"Number of indices \({got}\) does not match total_size \(4\)",),
+        )
+        for label, change, kwargs, got in [
+            # torch pads the grown list with its first total_size indices: 5 + 4.
+            ("dataset_grew", "grow", {}, 9),
+            ("dataset_grew_shuffled", "grow", {"shuffle": True}, 9),
+            ("dataset_shrank_drop_last", "shrink", {"drop_last": True}, 3),
+        ]
+    ),
+    *(
+        Case(
+            f"distributed_{label}_reassigned",
+            distributed_after_change(change),
+            AssertionError,
+            (rf"Number of subsampled indices \({got}\) does not match num_samples \(2\)",),
+        )
+        for label, change, got in [
+            ("rank", "rank=5", 0),
+            ("negative_rank", "rank=-1", 1),
+            ("num_replicas", "num_replicas=4", 1),
+        ]
     ),
     Case(
         "distributed_dataset_without_len",
@@ -325,13 +432,26 @@ COLLATE = [
             ("nested", [{"a": (1, DuckStream([]))}] * 2, "<class 'compat.helpers.DuckStream'>"),
             ("numpy_object", [np.array([None], dtype=object)] * 2, "object"),
             ("numpy_str", [np.array(["a"])] * 2, "<U1"),
+            ("numpy_str_scalar", [np.array("a")] * 2, "<U1"),
         ]
     ),
     Case(
-        "collate_unequal_sizes",
-        lambda m: m.default_collate([[1, 2], [3]]),
-        RuntimeError,
-        ("each element in list of batch should be of equal size",),
+        "collate_without_a_map",
+        collate_without_map,
+        TypeError,
+        (
+            "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or "
+            "lists; found <class 'object'>",
+        ),
+    ),
+    *(
+        Case(
+            f"collate_unequal_sizes{label}",
+            lambda m, batch=batch: m.default_collate(batch),
+            RuntimeError,
+            ("each element in list of batch should be of equal size",),
+        )
+        for label, batch in [("", [[1, 2], [3]]), ("_tuples", [(1, 2), (3,)])]
     ),
     Case(
         "collate_nested_tensors",
@@ -352,6 +472,12 @@ COLLATE = [
         set_worker_id,
         dataclasses.FrozenInstanceError,
         ("cannot assign to field 'id'",),
+    ),
+    Case(
+        "worker_info_field_cannot_be_deleted",
+        delete_worker_id,
+        dataclasses.FrozenInstanceError,
+        ("cannot delete field 'id'",),
     ),
 ]
 

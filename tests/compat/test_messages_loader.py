@@ -45,10 +45,57 @@ def set_after_init(name: str, value: Any) -> Any:
     return trigger
 
 
-def more_batches_than_len(module: Any) -> None:
-    built = loader(module, stream_dataset(module, [0, 1, 2], length=2))
+def set_after_init_of_a_subclass(module: Any) -> None:
+    """The message names the loader's class."""
+
+    class MyLoader(module.DataLoader):
+        pass
+
+    MyLoader(DATA).batch_size = 2
+
+
+def set_context_after_init(value: Any, num_workers: int) -> Any:
+    """``multiprocessing_context`` is checked when set after construction too."""
+
+    def trigger(module: Any) -> None:
+        loader(module, num_workers=num_workers).multiprocessing_context = value
+
+    return trigger
+
+
+def negative_workers_after_init(module: Any) -> None:
+    built = loader(module, num_workers=1)
+    built.num_workers = -1
+    next(iter(built))
+
+
+def more_batches_than_len(module: Any, **kwargs: Any) -> None:
+    built = loader(module, stream_dataset(module, [0, 1, 2], length=2), **kwargs)
     len(built)
     list(built)
+
+
+def pickle_iterator_with_workers(module: Any) -> None:
+    iterator = iter(loader(module, num_workers=1, multiprocessing_context="fork"))
+    try:
+        pickle.dumps(iterator)
+    finally:
+        iterator._shutdown_workers()
+
+
+def fails_in_worker(dataset: Any = DATA, num_workers: int = 1, **kwargs: Any) -> Any:
+    def trigger(module: Any) -> None:
+        list(
+            loader(
+                module,
+                dataset,
+                num_workers=num_workers,
+                multiprocessing_context="fork",
+                **kwargs,
+            )
+        )
+
+    return trigger
 
 
 @contextlib.contextmanager
@@ -163,11 +210,29 @@ OPTIONS = [
             r"but got batch_sampler=\[\[0, 1\]\]",
         ),
     ),
+    *(
+        Case(
+            f"batch_size_{label}",
+            lambda m, size=size: loader(m, batch_size=size),
+            ValueError,
+            (f"batch_size should be a positive integer value, but got batch_size={size}",),
+        )
+        for label, size in [("zero", 0), ("negative", -1), ("float", 2.0), ("bool", True)]
+    ),
     Case(
-        "batch_size_zero",
-        lambda m: loader(m, batch_size=0),
+        "drop_last_not_bool",
+        lambda m: loader(m, drop_last=1),
         ValueError,
-        ("batch_size should be a positive integer value, but got batch_size=0",),
+        ("drop_last should be a boolean value, but got drop_last=1",),
+    ),
+    Case(
+        "iterable_with_shuffle_not_bool",
+        lambda m: loader(m, stream_dataset(m, DATA), shuffle="yes"),
+        ValueError,
+        (
+            "DataLoader with IterableDataset: expected unspecified shuffle option, "
+            "but got shuffle=yes",
+        ),
     ),
     Case(
         "sampler_with_shuffle",
@@ -190,6 +255,8 @@ OPTIONS = [
             ("shuffle", {"shuffle": True}),
             ("sampler", {"sampler": [0, 1]}),
             ("drop_last", {"drop_last": True}),
+            # Not batch_size's default (1): torch refuses None too.
+            ("batch_size_none", {"batch_size": None}),
         ]
     ),
     Case(
@@ -241,6 +308,39 @@ OPTIONS = [
             ("persistent_workers", True),
         ]
     ),
+    Case(
+        "set_after_init_of_a_subclass",
+        set_after_init_of_a_subclass,
+        ValueError,
+        ("batch_size attribute should not be set after MyLoader is initialized",),
+    ),
+    Case(
+        "set_multiprocessing_context_unknown_method",
+        set_context_after_init("bogus", 1),
+        ValueError,
+        (
+            r"multiprocessing_context option should specify a valid start method in "
+            r"\[[^]]*'fork'[^]]*\], but got multiprocessing_context='bogus'",
+        ),
+    ),
+    Case(
+        "set_multiprocessing_context_wrong_type",
+        set_context_after_init(5, 1),
+        TypeError,
+        (
+            "multiprocessing_context option should be a valid context object or a string "
+            "specifying the start method, but got multiprocessing_context=5",
+        ),
+    ),
+    Case(
+        "set_multiprocessing_context_without_workers",
+        set_context_after_init("fork", 0),
+        ValueError,
+        (
+            r"multiprocessing_context can only be used with multi-process loading "
+            r"\(num_workers > 0\), but got num_workers=0",
+        ),
+    ),
 ]
 
 ITERATION = [
@@ -271,10 +371,25 @@ ITERATION = [
         marks=[pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")],
     ),
     Case(
+        "num_workers_negative_after_init",
+        negative_workers_after_init,
+        AssertionError,
+        ("num_workers must be greater than 0",),
+        # torch's half-built iterator fails in __del__ (it has no _shutdown attribute yet).
+        marks=[pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")],
+    ),
+    Case(
         "pickle_an_iterator",
         pickle_iterator,
         NotImplementedError,
         ("cannot be pickled",),
+    ),
+    Case(
+        "pickle_an_iterator_with_workers",
+        pickle_iterator_with_workers,
+        NotImplementedError,
+        ("cannot be pickled",),
+        marks=[WORKERS],
     ),
 ]
 
@@ -287,6 +402,18 @@ WARNINGS = [
             "Length of IterableDataset .* was reported to be 2",
             "but 3 samples have been fetched",
         ),
+    ),
+    Case(
+        "more_batches_than_len_with_workers",
+        lambda m: more_batches_than_len(m, num_workers=1, multiprocessing_context="fork"),
+        UserWarning,
+        (
+            r"was reported to be 2 ?\(when accessing len\(dataloader\)\), but 3 samples have "
+            "been fetched",
+            "For multiprocessing data-loading, this could be caused by not properly configuring "
+            "the IterableDataset replica at each worker",
+        ),
+        marks=[WORKERS],
     ),
     Case(
         "too_many_workers_for_the_affinity",
@@ -325,6 +452,13 @@ WARNINGS = [
         marks=[NO_ACCELERATOR],
     ),
     Case(
+        "pin_memory_without_accelerator_with_workers",
+        lambda m: first_batch(m, pin_memory=True, num_workers=1, multiprocessing_context="fork"),
+        UserWarning,
+        ("'pin_memory' argument is set as true but no accelerator is found",),
+        marks=[NO_ACCELERATOR, WORKERS],
+    ),
+    Case(
         "pin_memory_device_deprecated",
         lambda m: first_batch(m, pin_memory=True, pin_memory_device="cuda"),
         UserWarning,
@@ -340,6 +474,15 @@ WORKER_FAILURES = [
         ),
         RuntimeError,
         ("DataLoader timed out after 1 seconds",),
+        marks=[WORKERS],
+    ),
+    Case(
+        "worker_timeout_fractional",
+        lambda m: first_batch(
+            m, ds.Slow(2, 3.0), num_workers=1, timeout=0.5, multiprocessing_context="fork"
+        ),
+        RuntimeError,
+        (r"DataLoader timed out after 0\.5 seconds",),
         marks=[WORKERS],
     ),
     *(
@@ -392,6 +535,31 @@ WORKER_FAILURES = [
         ("Caught Boom in DataLoader worker process 0",),
         marks=[WORKERS],
         with_notes=True,
+    ),
+    *(
+        Case(
+            f"exception_in_worker_{label}",
+            trigger,
+            expected,
+            (rf"Caught {caught} in DataLoader worker process {worker}",),
+            marks=[WORKERS],
+            with_notes=True,
+        )
+        for label, trigger, expected, caught, worker in [
+            ("second_worker", fails_in_worker(ds.FailAt(4, 1), num_workers=2), ds.Boom, "Boom", 1),
+            ("init_fn", fails_in_worker(worker_init_fn=ds.failing_init), ds.Boom, "Boom", 0),
+            ("collate_fn", fails_in_worker(collate_fn=ds.failing_collate), ds.Boom, "Boom", 0),
+            ("stream_iter", fails_in_worker(ds.FailingStream(None)), ds.Boom, "Boom", 0),
+            ("key_error", fails_in_worker(ds.FailAt(4, 1, "key")), KeyError, "KeyError", 0),
+            # An exception that cannot be rebuilt from a message: torch raises RuntimeError.
+            (
+                "not_rebuildable",
+                fails_in_worker(ds.FailAt(4, 1, "two-args")),
+                RuntimeError,
+                "NeedsTwoArgs",
+                0,
+            ),
+        ]
     ),
 ]
 

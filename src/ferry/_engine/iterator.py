@@ -322,9 +322,15 @@ class LoaderIterator:
                 f"Length of IterableDataset {type(self._plan.dataset).__name__} was reported to "
                 f"be {reported} (when accessing len(dataloader)), but {track.yielded} samples "
                 f"have been fetched: this DataLoader has now yielded {track.yielded} batches, "
-                f"more than len(dataset) = {reported}. If the dataset runs in several workers, "
-                "check that each worker reads its own share of the stream (see "
-                "ferry.get_worker_info).",
+                f"more than len(dataset) = {reported}."
+                + (
+                    " For multiprocessing data-loading, this could be caused by not properly "
+                    "configuring the IterableDataset replica at each worker: each of the "
+                    f"{self._plan.num_workers} workers runs its own copy of the stream, so "
+                    "each must read only its own share of it (see ferry.get_worker_info)."
+                    if self._plan.num_workers > 0
+                    else ""
+                ),
                 UserWarning,
                 stacklevel=2,
             )
