@@ -74,3 +74,18 @@ class ExitingStream(tud.IterableDataset):
     def __iter__(self) -> Iterator[int]:
         yield from range(self.after)
         os._exit(3)
+
+
+class ExitingAt:
+    """Map-style: the worker process exits with code 3 when asked for index ``at``."""
+
+    def __init__(self, n: int, at: int) -> None:
+        self.n, self.at = n, at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if index == self.at:
+            os._exit(3)
+        return index

@@ -246,6 +246,24 @@ def test_dead_stream_worker_names_its_batches_once(after: int, prefetch: int) ->
         assert f"{phrase} ({prefetch} batches in flight)" in message, message
 
 
+@pytest.mark.timeout(30)
+def test_dead_worker_with_several_map_batches_counts_them() -> None:
+    loader = ferry.DataLoader(
+        cd.ExitingAt(12, 0),
+        batch_size=2,
+        num_workers=1,
+        prefetch_factor=3,
+        multiprocessing_context="fork",
+    )
+    with pytest.raises(WorkerDied) as caught:
+        next(iter(loader))
+    message = str(caught.value)
+    assert message.endswith(
+        "exited with code 3 while fetching 3 batches: indices [0, 1]; indices [2, 3]; "
+        "indices [4, 5]"
+    ), message
+
+
 # -- exceptions while a worker starts --------------------------------------------------------------
 
 

@@ -118,10 +118,13 @@ class Incidents:
                 counts[what] = counts.get(what, 0) + 1
         if not counts:
             return "nothing"
-        return "; ".join(
+        described = "; ".join(
             what if count == 1 else f"{what} ({count} batches in flight)"
             for what, count in counts.items()
         )
+        if len(counts) == 1:
+            return described
+        return f"{sum(counts.values())} batches: {described}"
 
     def _replace(self, dead: WorkerHandle) -> None:
         """A worker died: start another in its place, at the position after the last batch
