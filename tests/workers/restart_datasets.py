@@ -274,3 +274,21 @@ INIT_SECONDS = 1.5
 def slow_init(worker_id: int) -> None:
     """A ``worker_init_fn`` that takes :data:`INIT_SECONDS` (a stall before any batch)."""
     time.sleep(INIT_SECONDS)
+
+
+class SlowToUnpickle(ferry.Dataset[int]):
+    """Map-style ``index -> index``; unpickling it (as a spawn worker starts) takes ``delay``
+    seconds."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        time.sleep(state["delay"])
+        self.__dict__.update(state)

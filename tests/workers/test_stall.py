@@ -146,9 +146,9 @@ def test_stall_report_with_in_order_false() -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)
-def test_stall_in_worker_init_fn_shows_each_worker_between_batches(worker_type: str) -> None:
+def test_stall_in_worker_init_fn_shows_each_worker_still_starting(worker_type: str) -> None:
     """Both workers spend 1.5 s in ``worker_init_fn`` before their first batch: the report
-    lists both, each "between batches" (not fetching), with its first batches queued and a
+    lists both, each "still starting" (not fetching), with its first batches queued and a
     stack showing the ``worker_init_fn`` line it is in."""
     loader = make_loader(rd.Augmented(8), worker_type=worker_type, worker_init_fn=rd.slow_init)
     batches, messages = epoch_with_warnings(loader)
@@ -157,13 +157,29 @@ def test_stall_in_worker_init_fn_shows_each_worker_between_batches(worker_type: 
     assert "for batch 0 (stall_warning=0.4)" in message
     for worker_id, first in ((0, "[0, 1]"), (1, "[2, 3]")):
         assert re.search(
-            rf"worker {worker_id} \(pid \d+\): between batches .*\n"
+            rf"worker {worker_id} \(pid \d+\): still starting, \d+\.\d s after it was started "
+            r"\(in worker_init_fn or opening its dataset: see its stack\)\n"
             rf"    then batch {worker_id} \(indices {re.escape(first)}\), handed to it ",
             message,
         ), message
     assert message.count("in slow_init") == 2, message
     assert "time.sleep(INIT_SECONDS)" in message
     assert indices_of(batches) == [[2 * i, 2 * i + 1] for i in range(4)]
+
+
+@pytest.mark.timeout(60)
+def test_stall_while_a_spawn_worker_starts_says_it_is_starting() -> None:
+    """A spawn worker cannot answer while its interpreter starts and unpickles the dataset
+    (2 s here, whatever the machine's speed): the report says it is still starting, not that
+    it did not answer."""
+    loader = make_loader(rd.SlowToUnpickle(4, 2.0), num_workers=1, multiprocessing_context="spawn")
+    batches, messages = epoch_with_warnings(loader)
+    assert len(messages) == 1, messages
+    message = messages[0]
+    assert re.search(r"worker 0 \(pid \d+\): still starting, \d+\.\d s after", message), message
+    assert "imports the main module and unpickles the dataset" in message, message
+    assert "did not answer" not in message, message
+    assert [batch.tolist() for batch in batches] == [[0, 1], [2, 3]]
 
 
 # -- once per stall --------------------------------------------------------------------------------

@@ -72,6 +72,10 @@ class WorkerHandle:
     exitcode: int | None = None
     # A thread worker's activity, which the main thread reads for stall reports.
     activity: Activity | None = None
+    # When it was started (time.monotonic()), and whether it said it is ready (its set-up,
+    # worker_init_fn included, is done): a stall report tells start-up from a stuck fetch.
+    started: float = field(default_factory=time.monotonic)
+    ready: bool = False
 
     # Like torch's ``iter(loader)._workers`` entries (multiprocessing processes), which user
     # code reads: ``pid``, ``exitcode``, ``is_alive()`` and ``join()`` answer also after the

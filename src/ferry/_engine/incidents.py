@@ -21,7 +21,13 @@ from ferry._engine.fetch import Outcome
 from ferry._engine.group import WorkerGroup, WorkerHandle, replace_process
 from ferry._engine.messages import Stack, StackRequest
 from ferry._engine.plan import EpochPlan
-from ferry._engine.stall import STACK_REPLY_TIMEOUT, Pending, stall_message, thread_stacks
+from ferry._engine.stall import (
+    STACK_REPLY_TIMEOUT,
+    Holder,
+    Pending,
+    stall_message,
+    thread_stacks,
+)
 from ferry._engine.worker import WorkerConfig
 from ferry.errors import (
     StallWarning,
@@ -103,10 +109,18 @@ class Incidents:
                 if not t.arrived
             ],
             waiting_for=self._next_yield,
-            holders={w: (self._workers[w].pid, self._stacks.get(w)) for w in holding},
+            holders={
+                w: Holder(self._workers[w].pid, self._stacks.get(w), self._starting_for(w))
+                for w in holding
+            },
             iterable=self._iterable_style,
         )
         warn_from_user_code(message, StallWarning)
+
+    def _starting_for(self, worker_id: int) -> float | None:
+        """Seconds since worker ``worker_id`` was started, if it has not said it is ready."""
+        worker = self._workers[worker_id]
+        return None if worker.ready else time.monotonic() - worker.started
 
     def _in_flight_of(self, worker_id: int) -> str:
         """What ``worker_id`` was making: each distinct key once, with a count if repeated

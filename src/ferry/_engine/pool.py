@@ -305,6 +305,7 @@ class WorkerIterator(Incidents, LoaderIterator):
     def _handle(self, worker_id: int, message: WorkerMessage) -> None:
         match message:
             case Ready():
+                self._workers[worker_id].ready = True
                 return
             case Stack():
                 self._stacks[worker_id] = message

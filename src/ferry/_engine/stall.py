@@ -33,6 +33,14 @@ class Pending(NamedTuple):
     sent: float  # time.perf_counter() when it was handed to the worker
 
 
+class Holder(NamedTuple):
+    """A worker holding unfinished tasks."""
+
+    pid: int | None
+    stack: Stack | None  # its answer (None: it gave none)
+    starting_for: float | None  # seconds since it was started, if not ready yet
+
+
 def thread_stacks(workers: Sequence[WorkerHandle], worker_ids: list[int]) -> dict[int, Stack]:
     """What thread workers ``worker_ids`` are doing, read from the main thread."""
     stacks = {}
@@ -49,20 +57,22 @@ def stall_message(
     limit: float,
     pending: list[Pending],
     waiting_for: int,
-    holders: dict[int, tuple[int | None, Stack | None]],
+    holders: dict[int, Holder],
     iterable: bool,
 ) -> str:
-    """The report: ``pending`` tasks, the loop ``waiting_for`` task number, and for each
-    worker that holds some, its pid and its answer (None: it gave none)."""
+    """The report: ``pending`` tasks, the loop ``waiting_for`` task number, and each worker
+    that holds some."""
     batch = next((p.number for p in pending if p.task == waiting_for), None)
     what = f"batch {batch}" if batch is not None else "the next batch"
     lines = [
         f"DataLoader stalled: the training loop has waited {_seconds(waited)} for {what} "
         f"(stall_warning={limit:g}). Workers holding unfinished batches:"
     ]
-    for worker_id, (pid, stack) in sorted(holders.items()):
+    for worker_id, holder in sorted(holders.items()):
         tasks = sorted(p for p in pending if p.worker_id == worker_id)
-        lines.extend(_describe_holder(f"  worker {worker_id} (pid {pid})", stack, tasks, iterable))
+        lines.extend(
+            _describe_holder(f"  worker {worker_id} (pid {holder.pid})", holder, tasks, iterable)
+        )
     if not holders:
         lines.append("  none: every batch asked for has arrived (a bug of ferry's: please report)")
     lines.append(
@@ -72,12 +82,21 @@ def stall_message(
     return "\n".join(lines)
 
 
-def _describe_holder(
-    head: str, stack: Stack | None, tasks: list[Pending], iterable: bool
-) -> list[str]:
+def _describe_holder(head: str, holder: Holder, tasks: list[Pending], iterable: bool) -> list[str]:
     now = time.monotonic()
+    stack = holder.stack
     current = next((t for t in tasks if stack is not None and t.task == stack.task), None)
-    if current is not None:
+    if holder.starting_for is not None and current is None:
+        lines = [
+            f"{head}: still starting, {holder.starting_for:.1f} s after it was started "
+            + (
+                "(in worker_init_fn or opening its dataset: see its stack)"
+                if stack is not None
+                else "(it cannot answer yet: a spawn or forkserver worker first imports the "
+                "main module and unpickles the dataset; then worker_init_fn runs)"
+            )
+        ]
+    elif current is not None:
         assert stack is not None
         lines = [
             f"{head}: fetching batch {current.number} ({describe_key(current.key, iterable)}) "
