@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ferry._cli import positive_int, prepare_output, seconds
 from ferry.bench.report import (
     MissingExtra,
     format_table,
@@ -59,26 +60,6 @@ def _worker_counts(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(counts))
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: no limit), got {text!r}")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench`` options to ``parser``."""
     parser.description = DESCRIPTION
@@ -89,13 +70,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--quick", action="store_true", help="small, fast configuration (1 rep + warm-up); CI")
     add("--only", type=_workload_names, metavar="NAME[,NAME]", help="run only these workloads")
     add("--workers", type=_worker_counts, metavar="N[,N]", help="worker counts (default: 0,2)")
-    add("--reps", type=_positive_int, metavar="N", help="measured runs per side (default 3)")
-    add("--batch-size", type=_positive_int, metavar="N", help="override every batch size")
+    add("--reps", type=positive_int, metavar="N", help="measured runs per side (default 3)")
+    add("--batch-size", type=positive_int, metavar="N", help="override every batch size")
     add("--json", type=Path, metavar="PATH", help="write the results as JSON")
     add("--plot", type=Path, metavar="PATH", help="write a PNG chart of the ratios (matplotlib)")
     add(
         "--timeout",
-        type=_seconds,
+        type=seconds,
         default=300.0,
         metavar="SECONDS",
         help="a run taking longer fails its row (default 300; 0: no limit)",
@@ -139,19 +120,6 @@ def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _prepare_output(path: Path | None, option: str) -> str | None:
-    """Create ``path``'s directory up front, so a long run does not fail at the end."""
-    if path is None:
-        return None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"{option}: cannot create the directory of {str(path)!r}: {exc.strerror}"
-    if path.is_dir():
-        return f"{option}: {str(path)!r} is a directory"
-    return None
-
-
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the benchmark the parsed ``args`` describe; ``argv`` is recorded in the metadata."""
     try:
@@ -161,7 +129,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"ferry bench: {exc}", file=sys.stderr)
         return 2
     for path, option in ((args.json, "--json"), (args.plot, "--plot")):
-        problem = _prepare_output(path, option)
+        problem = prepare_output(path, option)
         if problem:
             print(f"ferry bench: {problem}", file=sys.stderr)
             return 2

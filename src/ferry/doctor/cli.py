@@ -19,9 +19,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ferry._cli import positive_int, prepare_output, seconds
 from ferry._torch_types import TorchDataLoader
 from ferry._validate import available_cpus
-from ferry.bench.cli import _positive_int, _prepare_output, _seconds
 from ferry.bench.report import MissingExtra, require_matplotlib
 from ferry.doctor.advice import Findings, advise, worth_probing_threads
 from ferry.doctor.measure import EmptyLoader, cuda_transfer, measure, probe_threads
@@ -71,14 +71,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("spec", metavar="MODULE:FUNCTION", help="a function that returns your DataLoader")
     add(
         "--batches",
-        type=_positive_int,
+        type=positive_int,
         default=200,
         metavar="N",
         help="at most N batches a run (default 200)",
     )
     add(
         "--seconds",
-        type=_seconds,
+        type=seconds,
         default=30.0,
         metavar="S",
         help="at most S seconds a run (default 30; 0: no limit)",
@@ -174,7 +174,7 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
     except MissingExtra as exc:
         return str(exc)
     for path, option in ((args.json, "--json"), (args.plot, "--plot")):
-        problem = _prepare_output(path, option)
+        problem = prepare_output(path, option)
         if problem:
             return problem
     return None
