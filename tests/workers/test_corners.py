@@ -214,6 +214,49 @@ def test_spawn_workers_handles_and_stop_iteration() -> None:
     assert [code for _, code in got["after"]] == [0, 0]
 
 
+# -- iter(loader)._num_yielded ---------------------------------------------------------------------
+
+
+def yielded_counts(module: Any, **options: Any) -> list[int]:
+    """``_num_yielded`` at each step of two epochs of a 10-sample loader, batches of 3."""
+    loader = module.DataLoader(list(range(10)), batch_size=3, **options)
+    counts = []
+    for _ in range(2):
+        iterator = iter(loader)
+        counts.append(iterator._num_yielded)
+        for _ in iterator:
+            counts.append(iterator._num_yielded)
+    return counts
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"num_workers": 2, "persistent_workers": True}, {"num_workers": 2, "in_order": False}],
+    ids=["inline", "persistent", "out-of-order"],
+)
+def test_num_yielded_counts_like_torch(options: dict[str, Any]) -> None:
+    expected = yielded_counts(tud, **options, **(TORCH_FORK if options else {}))
+    assert expected == [0, 1, 2, 3, 4] * 2
+    assert yielded_counts(ferry, **options) == expected
+
+
+@pytest.mark.timeout(60)
+def test_num_yielded_of_a_resumed_epoch_counts_the_batches_before() -> None:
+    loader = ferry.DataLoader(list(range(10)), batch_size=3, num_workers=2)
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    state = loader.state_dict()
+    resumed = ferry.DataLoader(list(range(10)), batch_size=3, num_workers=2)
+    resumed.load_state_dict(state)
+    iterator = iter(resumed)
+    assert iterator._num_yielded == 2
+    assert [(batch.tolist(), iterator._num_yielded) for batch in iterator] == [
+        ([6, 7, 8], 3),
+        ([9], 4),
+    ]
+
+
 # -- WorkerDied with several batches of a stream in flight ---------------------------------------
 
 

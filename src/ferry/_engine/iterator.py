@@ -379,6 +379,15 @@ class LoaderIterator:
         """Open the streams of the epoch just begun (after a resume found a stream's end)."""
         raise NotImplementedError
 
+    @property
+    def _num_yielded(self) -> int:
+        """Batches of the current epoch handed out, as torch's iterators count them (code
+        reads it to know where an epoch is); a resumed epoch counts those before the resume."""
+        track = self._track
+        loaded = track.loaded
+        before = 0 if loaded is None else loaded.position + len(loaded.ahead)
+        return before + track.yielded
+
     def _shutdown_workers(self) -> None:
         """Stop this iterator's workers now, if it has any (it yields nothing after)."""
 
