@@ -214,6 +214,50 @@ def test_spawn_workers_handles_and_stop_iteration() -> None:
     assert [code for _, code in got["after"]] == [0, 0]
 
 
+# -- the loader's options, mirrored on its iterator -----------------------------------------------
+
+MIRRORED = (
+    "_dataset",
+    "_auto_collation",
+    "_drop_last",
+    "_pin_memory",
+    "_persistent_workers",
+    "_dataset_kind",
+    "_num_workers",
+    "_timeout",
+)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"batch_size": None}, {"num_workers": 1, "timeout": 5, "persistent_workers": True}],
+    ids=["inline", "unbatched", "workers"],
+)
+@pytest.mark.parametrize(
+    "dataset", [list(range(4)), ds.Sharded(8, ds.any_worker_info)], ids=["map", "stream"]
+)
+def test_iterator_mirrors_the_loader_options_as_torch_does(
+    options: dict[str, Any], dataset: Any
+) -> None:
+    """torch's iterators hold their loader's options under these names, which code reads."""
+    torch_options = {**options, **(TORCH_FORK if options.get("num_workers") else {})}
+    expected = iter(tud.DataLoader(dataset, **torch_options))
+    got = iter(ferry.DataLoader(dataset, **options))
+    try:
+        for name in MIRRORED:
+            assert getattr(got, name) == getattr(expected, name), name
+            assert type(getattr(got, name)) is type(getattr(expected, name)), name
+        assert got._dataset is dataset
+        assert (got._index_sampler is None) == (expected._index_sampler is None)
+        if options.get("num_workers"):
+            assert got._prefetch_factor == expected._prefetch_factor
+            assert got._worker_init_fn is expected._worker_init_fn
+    finally:
+        close_torch(expected)
+        got._shutdown_workers()
+
+
 # -- iter(loader)._num_yielded ---------------------------------------------------------------------
 
 

@@ -176,10 +176,32 @@ def next_epoch_start(finished: Cursor, persistent: bool) -> Cursor:
     )
 
 
+def _option(name: str) -> Any:
+    """A read-only attribute answering the epoch plan's ``name``."""
+    return property(lambda self: getattr(self._plan, name), doc=f"The loader's ``{name}``.")
+
+
 class LoaderIterator:
     """Base of the loader's iterators (see the module docstring)."""
 
     _track: EpochTrack
+
+    # torch's iterators mirror their loader's options in these attributes, which code reads.
+    _dataset = _option("dataset")
+    _index_sampler = _option("index_sampler")
+    _auto_collation = _option("auto_collation")
+    _drop_last = _option("drop_last")
+    _collate_fn = _option("collate_fn")
+    _pin_memory = _option("pin")
+    _pin_memory_device = _option("pin_memory_device")
+    _persistent_workers = _option("persistent_workers")
+    _prefetch_factor = _option("prefetch_factor")
+    _worker_init_fn = _option("worker_init_fn")
+
+    @property
+    def _dataset_kind(self) -> int:
+        """0 for a map-style dataset, 1 for an iterable-style one (torch's ``_DatasetKind``)."""
+        return 1 if self._iterable_style else 0
 
     def __init__(
         self, plan: EpochPlan, resume: Cursor | None = None, budget: SkipBudget | None = None
@@ -403,6 +425,9 @@ class LoaderIterator:
 
 class InlineIterator(LoaderIterator):
     """``num_workers=0``: every batch is fetched in the caller's thread."""
+
+    _num_workers = 0
+    _timeout = _option("timeout")
 
     def __init__(
         self, plan: EpochPlan, resume: Cursor | None = None, budget: SkipBudget | None = None

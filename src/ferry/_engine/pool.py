@@ -72,7 +72,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._num_workers = plan.num_workers
         self._prefetch = plan.prefetch_factor
         self._in_order = plan.in_order
-        self._timeout = float(plan.timeout)
+        self._timeout = plan.timeout
         self._threads = plan.worker_type == "thread"
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.shutdown)
