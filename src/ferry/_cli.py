@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["positive_int", "prepare_output", "seconds"]
+__all__ = ["non_negative", "positive_int", "prepare_output", "seconds"]
 
 
 def positive_int(text: str) -> int:
@@ -22,12 +22,21 @@ def positive_int(text: str) -> int:
 
 def seconds(text: str) -> float:
     """An argparse type: seconds >= 0 (0: no limit)."""
+    return _not_negative(text, "seconds >= 0 (0: no limit)")
+
+
+def non_negative(text: str) -> float:
+    """An argparse type: a number >= 0."""
+    return _not_negative(text, "a number >= 0")
+
+
+def _not_negative(text: str, expected: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: no limit), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ferry._cli import positive_int, prepare_output, seconds
+from ferry._cli import non_negative, positive_int, prepare_output, seconds
 from ferry._torch_types import TorchDataLoader
 from ferry._validate import available_cpus
 from ferry.bench.report import MissingExtra, require_matplotlib
@@ -49,16 +49,6 @@ class SpecError(Exception):
     """MODULE:FUNCTION cannot give a loader: the message says why."""
 
 
-def _not_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``doctor`` options to ``parser``."""
     parser.description = DESCRIPTION
@@ -85,7 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--step-ms",
-        type=_not_negative,
+        type=non_negative,
         default=0.0,
         metavar="MS",
         help="sleep MS milliseconds after each batch, standing for your training step",
