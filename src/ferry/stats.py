@@ -17,7 +17,9 @@ Stages, in seconds summed over the epoch:
   worker, unpickling onto shared memory in the main process); zero for threads and inline.
 * ``wait``: the training loop blocked in ``next()``. With ``num_workers=0`` it contains fetch
   and collate; with workers it is the time the loader was behind.
-* ``pin``: copying batches to pinned memory (main process).
+* ``pin``: the loop's time spent on pinning: with ``num_workers=0`` the copy to pinned memory
+  itself; with workers the wait for a batch the pin thread has not pinned yet (it pins each
+  batch as it arrives, while the loop works).
 
 Workers run in parallel, so the stage times of workers can add up to more than the wall time;
 each worker's busy time (fetch, collate and its part of the hand-off) is at most the wall time.

@@ -131,8 +131,12 @@ def kill_all(pids: Iterable[int]) -> None:
 
 
 def ferry_threads() -> set[threading.Thread]:
-    """Live thread workers of ferry loaders in this process."""
-    return {t for t in threading.enumerate() if t.name.startswith("ferry-worker-")}
+    """Live thread workers and pin threads of ferry loaders in this process."""
+    return {
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("ferry-worker-") or t.name == "ferry-pin"
+    }
 
 
 def worker_pids(iterator: Any) -> list[int]:

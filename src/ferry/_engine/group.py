@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, cast
 
 from ferry._engine.messages import NewSlab, Stop
+from ferry._engine.pin import Pinner
 from ferry._engine.plan import EpochPlan
 from ferry._engine.shm import SlabMaps
 from ferry._engine.slabfile import recv_fd, remove_names
@@ -130,6 +131,8 @@ class WorkerGroup:
         self.named_slabs = False
         # Dead workers that were replaced (max_worker_restarts), kept for their slabs.
         self.replaced: list[WorkerHandle] = []
+        # pin_memory=True: the thread that pins the workers' batches as they arrive.
+        self.pinner: Pinner | None = None
 
     def shutdown(self) -> None:
         """Stop every worker within about two seconds, whatever state it is in."""
@@ -137,6 +140,8 @@ class WorkerGroup:
             return
         self.closed = True
         self.stopping.set()
+        if self.pinner is not None:
+            self.pinner.close()
         started = [w for w in self.workers if w.pid is not None or w.thread is not None]
         for worker in started:
             with contextlib.suppress(OSError, ValueError):  # already gone

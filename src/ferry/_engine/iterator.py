@@ -38,7 +38,7 @@ from ferry._engine.fetch import (
     one_call_gather,
 )
 from ferry._engine.keys import EpochKeys, KeysCursor, between_epochs, restore_between_epochs
-from ferry._engine.pin import pin_batch
+from ferry._engine.pin import PinJob, pin_batch
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position import PositionKeeper
 from ferry._engine.rng import generator_state, set_generator_state
@@ -356,7 +356,10 @@ class LoaderIterator:
                 UserWarning,
                 stacklevel=2,
             )
-        if self._plan.pin:
+        if isinstance(batch, PinJob):  # pinned in the background since it arrived
+            batch = batch.take()
+            stats.pin += perf_counter() - got
+        elif self._plan.pin:
             batch = pin_batch(batch, self._plan.pin_memory_device)
             stats.pin += perf_counter() - got
         return batch

@@ -39,6 +39,7 @@ from ferry._engine.incidents import Incidents, Task
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import Delivery, LoaderIterator, next_epoch_start
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
+from ferry._engine.pin import Pinner
 from ferry._engine.plan import EpochPlan
 from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
 from ferry._engine.worker import WorkerConfig
@@ -146,6 +147,9 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._active = [True] * self._num_workers
         self._turn = self._track.turn
         self._latest = list(self._track.workers)
+        group = self._group
+        if self._plan.pin and group.pinner is None and not group.closed:
+            group.pinner = Pinner(self._plan.pin_memory_device)
         for _ in range(self._prefetch * self._num_workers):
             self._dispatch()
 
@@ -186,7 +190,7 @@ class WorkerIterator(Incidents, LoaderIterator):
 
     def _dispatch(self) -> None:
         """Hand the next key of the epoch to a worker, if there is a key and a free worker."""
-        if self._keys_done or not any(self._active):
+        if self._keys_done or not any(self._active) or self._group.closed:
             return
         stats = self._track.stats
         start = time.perf_counter()
@@ -252,6 +256,8 @@ class WorkerIterator(Incidents, LoaderIterator):
             if task is None:
                 raise StopIteration
             if task.arrived:
+                if self._group.pinner is not None:
+                    self._read_ahead()
                 break
             # Messages already there are read first: only a batch that was not made yet when
             # the loop asked counts as waited for.
@@ -266,12 +272,26 @@ class WorkerIterator(Incidents, LoaderIterator):
                 ready = next((t for t, s in self._tasks.items() if s.arrived), None)
                 if ready is not None:
                     stats.waited += 1
+                    if self._group.pinner is not None:
+                        self._read_ahead()
                     return self._deliver(ready)
         if waited:
             stats.waited += 1
         else:
             stats.ready += 1
         return self._deliver(self._next_yield)
+
+    def _read_ahead(self) -> None:
+        """Handle the messages already there, so the batches in them are pinned while the
+        training step runs (pin_memory=True). The batch about to be handed out has arrived: an
+        error found here is raised at the next ``next()``, as it would be without pinning."""
+        try:
+            while (got := self._poll(0.0)) is not None:
+                self._handle(*got)
+        except Exception as exc:
+            if self._fatal is None:
+                self._fatal = exc
+                self._finalizer()
 
     def _skip_to_next_task(self) -> Task | None:
         """The task to yield next; skips tasks already yielded (out of order) and tasks of
@@ -356,6 +376,8 @@ class WorkerIterator(Incidents, LoaderIterator):
                 decoding = time.perf_counter()
                 task.result = self._channel.batch(worker_id, message)
                 stats.hand_off += time.perf_counter() - decoding
+                if self._group.pinner is not None:
+                    task.result = self._group.pinner.submit(task.result)
             case _:
                 assert_never(message)
 
