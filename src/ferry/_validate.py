@@ -129,6 +129,13 @@ NO_ACCELERATOR = (
 )
 
 
+PIN_ON_MPS = (
+    "'pin_memory' argument is set as true but not supported on MPS now, device pinned memory "
+    "won't be used: pinning fails on Apple's MPS backend, so batches are returned in ordinary "
+    "memory (set pin_memory=False to silence this)"
+)
+
+
 def pin_device_deprecated(device: str) -> str:
     """The warning for ``pin_memory_device``, deprecated in torch."""
     return (

@@ -20,12 +20,13 @@ from ferry._engine.iterator import (
     InlineIterator,
     LoaderIterator,
 )
-from ferry._engine.pin import accelerator_available
+from ferry._engine.pin import accelerator_available, accelerator_type
 from ferry._engine.plan import EpochPlan
 from ferry._engine.resume import ResumableLoader
 from ferry._torch_types import TorchDataLoader
 from ferry._validate import (
     NO_ACCELERATOR,
+    PIN_ON_MPS,
     as_context,
     as_int,
     pin_device_deprecated,
@@ -384,6 +385,12 @@ class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
         if self.pin_memory and not pin and not self._warned_no_accelerator:
             self._warned_no_accelerator = True
             warnings.warn(NO_ACCELERATOR, UserWarning, stacklevel=4)
+        accelerator = accelerator_type() if pin else None
+        if accelerator == "mps":  # pinning fails there (as torch: warn, and do not pin)
+            pin = False
+            if not self._warned_no_accelerator:
+                self._warned_no_accelerator = True
+                warnings.warn(PIN_ON_MPS, UserWarning, stacklevel=4)
         if self.pin_memory and self.pin_memory_device and not self._warned_pin_device:
             self._warned_pin_device = True
             warnings.warn(pin_device_deprecated(self.pin_memory_device), UserWarning, stacklevel=4)
@@ -406,6 +413,7 @@ class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
             worker_type=self.worker_type,
             pin=pin,
             pin_memory_device=self.pin_memory_device,
+            pin_accelerator=accelerator,
             buffer_pool=self._buffer_pool(),
             reported_length=self._IterableDataset_len_called,
             snapshot_every=self.snapshot_every_n_steps,

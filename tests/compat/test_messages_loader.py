@@ -122,6 +122,23 @@ def too_many_workers(affinity: set[int] | None, count: int | None) -> Any:
     return trigger
 
 
+def pin_on_mps(**kwargs: Any) -> Any:
+    """A first batch with ``pin_memory=True`` on a machine whose accelerator is Apple's MPS
+    (faked: torch asks ``torch.accelerator`` which one is there)."""
+
+    def trigger(module: Any) -> None:
+        with (
+            mock.patch.object(torch.accelerator, "is_available", return_value=True),
+            mock.patch.object(
+                torch.accelerator, "current_accelerator", return_value=torch.device("mps")
+            ),
+        ):
+            batches = list(loader(module, pin_memory=True, batch_size=3, **kwargs))
+        assert not any(batch.is_pinned() for batch in batches)
+
+    return trigger
+
+
 def pickle_iterator(module: Any) -> None:
     pickle.dumps(iter(loader(module)))
 
@@ -456,6 +473,20 @@ WARNINGS = [
         lambda m: first_batch(m, pin_memory=True, num_workers=1, multiprocessing_context="fork"),
         UserWarning,
         ("'pin_memory' argument is set as true but no accelerator is found",),
+        marks=[NO_ACCELERATOR, WORKERS],
+    ),
+    Case(
+        "pin_memory_on_mps",
+        pin_on_mps(),
+        UserWarning,
+        ("'pin_memory' argument is set as true but not supported on MPS now",),
+        marks=[NO_ACCELERATOR],
+    ),
+    Case(
+        "pin_memory_on_mps_with_workers",
+        pin_on_mps(num_workers=1, multiprocessing_context="fork"),
+        UserWarning,
+        ("'pin_memory' argument is set as true but not supported on MPS now",),
         marks=[NO_ACCELERATOR, WORKERS],
     ),
     Case(

@@ -221,6 +221,7 @@ MIRRORED = (
     "_auto_collation",
     "_drop_last",
     "_pin_memory",
+    "_pin_memory_device",
     "_persistent_workers",
     "_dataset_kind",
     "_num_workers",

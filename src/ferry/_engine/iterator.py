@@ -193,7 +193,7 @@ class LoaderIterator:
     _drop_last = _option("drop_last")
     _collate_fn = _option("collate_fn")
     _pin_memory = _option("pin")
-    _pin_memory_device = _option("pin_memory_device")
+    _pin_memory_device = _option("pin_accelerator")  # as torch: "cuda" (...) or None
     _persistent_workers = _option("persistent_workers")
     _prefetch_factor = _option("prefetch_factor")
     _worker_init_fn = _option("worker_init_fn")

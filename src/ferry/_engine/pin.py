@@ -21,7 +21,14 @@ import torch
 
 from ferry._structure import rebuild_mapping, rebuild_sequence
 
-__all__ = ["PinJob", "Pinner", "accelerator_available", "device_setter", "pin_batch"]
+__all__ = [
+    "PinJob",
+    "Pinner",
+    "accelerator_available",
+    "accelerator_type",
+    "device_setter",
+    "pin_batch",
+]
 
 # How often a wait for a pinned batch checks that the pin thread is still there.
 _CHECK_EVERY = 0.5
@@ -35,6 +42,17 @@ def accelerator_available() -> bool:
     if accelerator is not None:
         return bool(accelerator.is_available())
     return bool(torch.cuda.is_available())
+
+
+def accelerator_type() -> str | None:
+    """The kind of the current accelerator ("cuda", "xpu", "mps", ...), None without one."""
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if accelerator is not None:
+        if not accelerator.is_available():
+            return None
+        current = accelerator.current_accelerator()
+        return None if current is None else str(current.type)
+    return "cuda" if torch.cuda.is_available() else None
 
 
 def _pin_tensor(tensor: torch.Tensor, device: str) -> torch.Tensor:
@@ -179,6 +197,9 @@ class Pinner:
         job.done.set()
 
     def _run(self, use_device: Callable[[], None] | None) -> None:
+        # As torch's pin thread: one intra-op thread here (the setting is this thread's), so
+        # the copy does not take cores from the workers and the training step.
+        torch.set_num_threads(1)
         failed: BaseException | None = None
         if use_device is not None:
             try:

@@ -45,6 +45,9 @@ class EpochPlan:
     buffer_pool: BufferPool
     # len(loader) of an iterable-style dataset, if asked before this epoch began.
     reported_length: int | None
+    # The accelerator batches are pinned for ("cuda", ...; None when not pinning), which
+    # torch's iterators call _pin_memory_device.
+    pin_accelerator: str | None = None
     # How often the user's stateful parts (sampler, dataset, stream) are asked for their state.
     snapshot_every: int = 1
     # on_error, max_errors, max_worker_restarts, stall_warning
