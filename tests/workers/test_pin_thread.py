@@ -11,6 +11,7 @@ with a real accelerator:
 * batches that arrived while the user's loop was busy were pinned before the loop asked for
   them (the point of the thread: the copy overlaps the training step);
 * an error while pinning a batch is raised at that batch's ``next()``, and iteration goes on;
+  a pin that hangs is bounded by the loader's ``timeout``;
 * an error found while reading ahead is raised at the next ``next()``, not at the batch
   already there;
 * a resumed epoch is not disturbed by batches pinned ahead; the thread is gone when the
@@ -52,14 +53,19 @@ class FakePinning:
         self.threads: set[str] = set()
         self.pinned: dict[int, float] = {}  # data_ptr of each copy -> when it was made
         self.fail_on: int | None = None  # a tensor whose first element is this fails
+        self.hang_on: int | None = None  # ... this hangs until `released` is set
+        self.released = threading.Event()
         self.device_chosen_in: list[str] = []  # where the device was read
         self.device_set_in: list[str] = []  # where it was selected
 
     def pin_tensor(self, tensor: torch.Tensor, device: str) -> torch.Tensor:
         if self.delay:
             time.sleep(self.delay)
-        if self.fail_on is not None and tensor.numel() and int(tensor.flatten()[0]) == self.fail_on:
+        first = int(tensor.flatten()[0]) if tensor.numel() else None
+        if first is not None and first == self.fail_on:
             raise OSError(f"cannot pin the batch starting at {self.fail_on}")
+        if first is not None and first == self.hang_on:
+            self.released.wait(30)
         copy = tensor.clone()
         with self.lock:
             self.threads.add(threading.current_thread().name)
@@ -166,6 +172,28 @@ def test_an_error_while_pinning_is_raised_at_its_batch_and_iteration_goes_on(
     with pytest.raises(OSError, match="cannot pin the batch starting at 8"):
         next(iterator)
     assert [b.tolist() for b in iterator] == [[12, 13, 14, 15], [16, 17, 18, 19]]
+
+
+@pytest.mark.parametrize("kind", FAST, indirect=True)
+def test_a_hung_pin_is_bounded_by_the_loaders_timeout(kind: Kind, fake: FakePinning) -> None:
+    # (Batches are pinned in the order they arrive, so a hang holds up those behind it: hang
+    # on the first, which arrives before any other is asked for.)
+    fake.hang_on = 0
+    loader = ferry.DataLoader(
+        ds.Indices(20), batch_size=4, num_workers=2, timeout=1, pin_memory=True, **kind.kwargs
+    )
+    iterator = iter(loader)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="DataLoader timed out after 1 seconds") as info:
+            next(iterator)
+        assert time.monotonic() - started < 10
+        assert isinstance(info.value, ferry.errors.WorkerTimeout)
+        assert "waiting for the pin_memory thread to pin batch 0" in str(info.value)
+        with pytest.raises(RuntimeError, match="timed out"):
+            next(iterator)  # the iterator is done
+    finally:
+        fake.released.set()
 
 
 @pytest.mark.parametrize("kind", FAST, indirect=True)

@@ -357,7 +357,7 @@ class LoaderIterator:
                 stacklevel=2,
             )
         if isinstance(batch, PinJob):  # pinned in the background since it arrived
-            batch = batch.take()
+            batch = self._take_pinned(batch, number)
             stats.pin += perf_counter() - got
         elif self._plan.pin:
             batch = pin_batch(batch, self._plan.pin_memory_device)
@@ -366,6 +366,10 @@ class LoaderIterator:
 
     def _next_batch(self) -> Delivery:
         raise NotImplementedError
+
+    def _take_pinned(self, job: PinJob, number: int) -> Any:
+        """Batch ``number``, which an engine handed out as a job of its pin thread."""
+        return job.take()
 
     @staticmethod
     def _count_skips(track: EpochTrack, delivery: Delivery) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -115,9 +116,9 @@ class PinJob:
         self.error: BaseException | None = None
         self.done = threading.Event()
 
-    def take(self) -> Any:
+    def take(self, timeout: float = 0) -> Any:
         """The pinned batch, waiting for it if need be (see :meth:`Pinner.take`)."""
-        return self.pinner.take(self)
+        return self.pinner.take(self, timeout)
 
 
 class Pinner:
@@ -148,16 +149,23 @@ class Pinner:
             self._jobs.put(job)
         return job
 
-    def take(self, job: PinJob) -> Any:
-        """The pinned batch of ``job``, waiting for it if need be."""
+    def take(self, job: PinJob, timeout: float = 0) -> Any:
+        """The pinned batch of ``job``, waiting for it if need be: at most ``timeout`` seconds
+        if it is positive (then :class:`TimeoutError`), as the loader's ``timeout`` bounds
+        torch's wait for its pin thread."""
+        deadline = time.monotonic() + timeout if timeout > 0 else None
         while not job.done.is_set():
             alive = self._thread.is_alive()
             if (self._closed or not alive) and self._claim(job):
                 self._pin(job, None)
             elif not alive and not job.done.is_set():  # (gone in the middle of it: at exit)
                 raise RuntimeError("the pin_memory thread ended while pinning a batch")
-            else:
+            elif deadline is None:
                 job.done.wait(_CHECK_EVERY)
+            elif (left := deadline - time.monotonic()) > 0:
+                job.done.wait(min(left, _CHECK_EVERY))
+            else:
+                raise TimeoutError(f"the batch was not pinned within {timeout} s")
         batch, error = job.pinned, job.error
         job.pinned = job.error = None
         if error is not None:

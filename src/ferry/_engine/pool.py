@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import time
 import weakref
+from typing import Any
 
 from typing_extensions import assert_never
 
@@ -39,7 +40,7 @@ from ferry._engine.incidents import Incidents, Task
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import Delivery, LoaderIterator, next_epoch_start
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
-from ferry._engine.pin import Pinner
+from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
 from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
 from ferry._engine.worker import WorkerConfig
@@ -292,6 +293,21 @@ class WorkerIterator(Incidents, LoaderIterator):
             if self._fatal is None:
                 self._fatal = exc
                 self._finalizer()
+
+    def _take_pinned(self, job: PinJob, number: int) -> Any:
+        try:
+            return job.take(self._timeout)
+        except TimeoutError:
+            # A copy that takes longer than the whole timeout is a hung accelerator call: the
+            # iterator stops, as for a late worker.
+            exc = WorkerTimeout(
+                f"DataLoader timed out after {self._plan.timeout} seconds waiting for the "
+                f"pin_memory thread to pin batch {number} of the epoch (it is stuck in "
+                "Tensor.pin_memory; a hung or busy accelerator driver is the usual cause)"
+            )
+            self._fatal = exc
+            self._finalizer()
+            raise exc from None
 
     def _skip_to_next_task(self) -> Task | None:
         """The task to yield next; skips tasks already yielded (out of order) and tasks of
