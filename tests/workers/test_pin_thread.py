@@ -247,6 +247,22 @@ def test_a_resumed_epoch_ignores_batches_pinned_ahead(kind: Kind, fake: FakePinn
     assert head + [b.tolist() for b in resumed] == whole
 
 
+@pytest.mark.parametrize("kind", FAST, indirect=True)
+def test_persistent_workers_follow_pin_memory_set_between_epochs(
+    kind: Kind, fake: FakePinning
+) -> None:
+    loader = ferry.DataLoader(
+        ds.Indices(12), batch_size=4, num_workers=2, persistent_workers=True, **kind.kwargs
+    )
+    for pin in (False, True, False):
+        loader.pin_memory = pin
+        fake.pinned.clear()
+        batches = list(loader)
+        assert [fake.was_pinned(b) for b in batches] == [pin] * 3
+        alive = [t for t in ferry_threads() if t.name == "ferry-pin" and t.is_alive()]
+        assert len(alive) == int(pin)
+
+
 def test_without_workers_the_batch_is_pinned_in_the_callers_thread(fake: FakePinning) -> None:
     loader = ferry.DataLoader(ds.Indices(10), batch_size=5, pin_memory=True)
     batches = list(loader)

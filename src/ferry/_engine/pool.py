@@ -151,6 +151,9 @@ class WorkerIterator(Incidents, LoaderIterator):
         group = self._group
         if self._plan.pin and group.pinner is None and not group.closed:
             group.pinner = Pinner(self._plan.pin_memory_device)
+        elif not self._plan.pin and group.pinner is not None:  # turned off between epochs
+            group.pinner.close()
+            group.pinner = None
         for _ in range(self._prefetch * self._num_workers):
             self._dispatch()
 
