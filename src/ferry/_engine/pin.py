@@ -39,10 +39,7 @@ _JOIN_TIMEOUT = 2.0
 
 def accelerator_available() -> bool:
     """Whether pinning means anything here: an accelerator (CUDA, XPU, MPS, ...) is present."""
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-    if accelerator is not None:
-        return bool(accelerator.is_available())
-    return bool(torch.cuda.is_available())
+    return accelerator_type() is not None
 
 
 def accelerator_type() -> str | None:

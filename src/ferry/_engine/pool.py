@@ -260,8 +260,7 @@ class WorkerIterator(Incidents, LoaderIterator):
             if task is None:
                 raise StopIteration
             if task.arrived:
-                if self._group.pinner is not None:
-                    self._read_ahead()
+                self._read_ahead()
                 break
             # Messages already there are read first: only a batch that was not made yet when
             # the loop asked counts as waited for.
@@ -276,8 +275,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                 ready = next((t for t, s in self._tasks.items() if s.arrived), None)
                 if ready is not None:
                     stats.waited += 1
-                    if self._group.pinner is not None:
-                        self._read_ahead()
+                    self._read_ahead()
                     return self._deliver(ready)
         if waited:
             stats.waited += 1
@@ -289,6 +287,8 @@ class WorkerIterator(Incidents, LoaderIterator):
         """Handle the messages already there, so the batches in them are pinned while the
         training step runs (pin_memory=True). The batch about to be handed out has arrived: an
         error found here is raised at the next ``next()``, as it would be without pinning."""
+        if self._group.pinner is None:
+            return
         try:
             while (got := self._poll(0.0)) is not None:
                 self._handle(*got)
