@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "EpochReplayWarning",
     "SkippedSample",
     "StallWarning",
     "TooManyErrors",
@@ -137,6 +138,12 @@ class TooManyErrors(RuntimeError):
 class WorkerRestartWarning(UserWarning):
     """A worker process died and was replaced (``max_worker_restarts``); the epoch goes on with
     the same batches."""
+
+
+class EpochReplayWarning(UserWarning):
+    """An epoch begins with torch's global RNG where an earlier epoch began, so it repeats that
+    epoch's shuffle and worker seeds: typically a resumed run that reseeded the global RNG
+    without restoring it (``docs/design/state.md``, "generator=None")."""
 
 
 class StallWarning(UserWarning):

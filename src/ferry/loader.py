@@ -13,16 +13,11 @@ import torch
 
 from ferry._engine.alloc import BufferPool
 from ferry._engine.autotune import Tuner
-from ferry._engine.cursor import Cursor
 from ferry._engine.failures import DEFAULT_STALL_WARNING, FailurePolicy, OnError
-from ferry._engine.iterator import (
-    EpochTrack,
-    InlineIterator,
-    LoaderIterator,
-)
+from ferry._engine.iterator import InlineIterator, LoaderIterator
 from ferry._engine.pin import accelerator_available, accelerator_type
 from ferry._engine.plan import EpochPlan
-from ferry._engine.resume import ResumableLoader
+from ferry._engine.resume import Resumer, fit_workers
 from ferry._torch_types import TorchDataLoader
 from ferry._validate import (
     NO_ACCELERATOR,
@@ -57,7 +52,7 @@ _FROZEN_AFTER_INIT = frozenset(
 )
 
 
-class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
+class DataLoader(TorchDataLoader[T_co]):
     """Iterates over a dataset in batches, in the main process or in worker processes/threads.
 
     Same signature, defaults, validation and sample order as ``torch.utils.data.DataLoader``,
@@ -149,10 +144,10 @@ class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
         snapshot_every_n_steps = as_int(
             "snapshot_every_n_steps", snapshot_every_n_steps, allow_bool=False
         )
-        if snapshot_every_n_steps < 1:
+        if snapshot_every_n_steps < 0:
             raise ValueError(
-                "snapshot_every_n_steps must be a positive number of batches, got "
-                f"{snapshot_every_n_steps}"
+                "snapshot_every_n_steps must be a number of batches >= 0 (0: user states are "
+                f"taken only when an epoch begins), got {snapshot_every_n_steps}"
             )
 
         self.dataset = dataset
@@ -237,10 +232,7 @@ class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
         self._IterableDataset_len_called = None
         self._live_iterator: LoaderIterator | None = None
         # Resume: the state loaded for the next iterator, and the epoch track of the last one.
-        self._pending: tuple[Cursor, dict[str, Any]] | None = None
-        self._last_track: EpochTrack | None = None
-        self._last_loaded: tuple[Cursor, dict[str, Any]] | None = None
-        self._warned_replay = False
+        self._resume = Resumer()
         self._pool: BufferPool | None = None
         self._pool_lock = threading.Lock()
         self._warned_no_accelerator = False
@@ -287,7 +279,7 @@ class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
         if self._tuner is not None:
             self._retune()
         if self.persistent_workers and self.num_workers > 0:
-            if self._live_iterator is None or self._pending is not None:
+            if self._live_iterator is None or self._resume.pending is not None:
                 self._replace_iterator(self._make_iterator())  # stops the old one's workers
             else:
                 self._live_iterator._restart(self._plan())
@@ -295,10 +287,56 @@ class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
             return self._live_iterator
         return self._make_iterator()
 
+    # -- resume (the API of torchdata's StatefulDataLoader) -------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch this loader handed out, as plain data.
+
+        Load it with :meth:`load_state_dict` into this loader or a new one built the same way
+        (in another process, after a crash) and the next iterator continues exactly there, at
+        every save point torchdata's ``StatefulDataLoader`` has: before the first batch, mid-
+        epoch, after an epoch's last batch (the resumed iterator then ends that epoch without a
+        batch; the next ``iter()`` begins the next one), and between epochs. The rest of the
+        epoch has the same batches, shuffles, worker seeds and (process workers) random
+        augmentations as an uninterrupted run, and so have later epochs, when the loader has a
+        ``generator``. Without one, later epochs draw their shuffle and worker seeds from
+        torch's global RNG, as torch's loader does: they match the uninterrupted run only if
+        the global RNG was restored with the checkpoint, and the loader warns
+        (:class:`ferry.errors.EpochReplayWarning`) when one would repeat an earlier epoch.
+
+        The state is plain data (``json`` and ``torch.save``/``torch.load(weights_only=True)``
+        keep it), small (a few kilobytes per worker, whatever the dataset's size), and cheap to
+        take: no worker is asked, so call it as often as you like.
+
+        Example::
+
+            >>> for step, batch in enumerate(loader):
+            ...     train(batch)
+            ...     if step % 1000 == 0:
+            ...         state = {"model": model.state_dict(), "loader": loader.state_dict()}
+            ...         torch.save(state, path)
+        """
+        return self._resume.state_dict(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Make the next iterator start where ``state_dict`` (from :meth:`state_dict`) was taken.
+
+        The loader may have another ``num_workers`` than the one the state came from (map-style
+        datasets; for streams see the README), and a :class:`~ferry.DistributedSampler` another
+        world size. Raises ValueError when the state does not fit this loader (another dataset
+        length, batch size, sampler kind, ...), naming what differs. An empty dict is ignored,
+        as torchdata's loader ignores it.
+        """
+        if isinstance(state_dict, dict) and not state_dict:
+            return
+        self._resume.load_state_dict(self, state_dict)
+        if self._live_iterator is not None:
+            self._replace_iterator(None)  # persistent workers: the next iter() starts there
+
     def stats(self) -> LoaderStats:
         """Where the time of the epoch in progress (or the last one) went, per stage and per
         worker: a :class:`ferry.stats.LoaderStats`; ``print()`` it, or log ``.as_dict()``."""
-        track = self._last_track
+        track = self._resume.track
         if track is not None:
             workers = track.plan.num_workers
             recorder = track.stats
@@ -312,18 +350,18 @@ class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
         """At an epoch boundary, let the tuner change ``num_workers``/``prefetch_factor``
         (``"auto"``) from the last epoch's statistics; a change replaces persistent workers."""
         assert self._tuner is not None
-        track = self._last_track
-        if track is None or not track.finished or self._pending is not None:
+        track = self._resume.track
+        if track is None or not track.finished or self._resume.pending is not None:
             return
         current = (self.num_workers, self.prefetch_factor)
         chosen = self._tuner.after_epoch(self.stats(), current)
         if chosen != current:
-            # Persistent workers are replaced; going through the state between epochs keeps
-            # their base seed (a fresh iterator would draw one, and shuffle differently).
-            between = self.state_dict() if self._live_iterator is not None else None
+            # Persistent workers are replaced; the next epoch begins as theirs would have (a
+            # fresh iterator would draw another base seed, and shuffle differently).
+            if self._live_iterator is not None:
+                self._resume.carry_over()
+                self._replace_iterator(None)
             self.num_workers, self.prefetch_factor = chosen
-            if between is not None:
-                self.load_state_dict(between)
 
     @property  # type: ignore[override]
     def _iterator(self) -> LoaderIterator | None:
@@ -365,18 +403,17 @@ class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
                 f"loads ahead, got prefetch_factor={self.prefetch_factor}"
             )
         plan = self._plan()
-        pending, self._pending = self._pending, None
-        resume = pending[0] if pending is not None else None
-        budget = self._last_track.budget if self._last_track is not None else None
+        resume, budget, run = self._resume.take_pending()
+        if resume is not None:
+            resume = fit_workers(resume, self.num_workers, self.dataset, self._iterable_style)
         iterator: LoaderIterator
         if self.num_workers == 0:
-            iterator = InlineIterator(plan, resume, budget)
+            iterator = InlineIterator(plan, resume, budget, run)
         else:
             from ferry._engine.pool import WorkerIterator
 
-            iterator = WorkerIterator(plan, resume, budget)
-        self._last_track = iterator._track
-        self._last_loaded = pending
+            iterator = WorkerIterator(plan, resume, budget, run)
+        self._resume.track = iterator._track
         return iterator
 
     def _plan(self) -> EpochPlan:
@@ -452,7 +489,7 @@ class DataLoader(ResumableLoader, TorchDataLoader[T_co]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Live state (an epoch in progress, buffers, a lock) does not travel with the loader.
-        state.update(_live_iterator=None, _pool=None, _pool_lock=None, _last_track=None)
+        state.update(_live_iterator=None, _pool=None, _pool_lock=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

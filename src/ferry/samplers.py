@@ -73,6 +73,9 @@ class SamplerRun:
 
     start: dict[str, Any] | None = None
     skip: int = 0
+    # Set on resume when the iteration draws straight from torch's global RNG: the sampler
+    # then makes its draw on the global RNG too (and drops it), as a fresh iteration would.
+    consume_global: bool = False
 
 
 def _skip_chunks(chunks: Iterator[torch.Tensor], skip: int) -> Iterator[torch.Tensor]:
@@ -91,17 +94,23 @@ def _run_generator(run: SamplerRun, own: Any, global_draw: bool) -> Any:
     ``own`` is the sampler's generator. Without one, a sampler either seeds a fresh generator
     from torch's global RNG (``global_draw=False``: the seed is recorded) or draws straight
     from the global RNG (``global_draw=True``: the global state is recorded, and a resume
-    draws from a copy of it, leaving the global RNG alone).
+    draws from a copy of it, and makes the same draw on the global RNG, dropped).
     """
     if own is not None and not isinstance(own, torch.Generator):
         return own  # not a generator: the draw raises torch's own TypeError for it
     start = run.start
     if start is not None:
+        # A resumed iteration draws the recorded sequence again. What a fresh iteration draws
+        # from torch's global RNG is drawn from it here too, draw for draw, and dropped: the
+        # global RNG then stands where a fresh iteration leaves it, for whatever draws next.
         if "seed" in start:
+            if own is None:
+                torch.empty((), dtype=torch.int64).random_()
             return torch.Generator().manual_seed(int(start["seed"]))
         if own is not None:
             set_generator_state(own, start["generator"])
             return own
+        run.consume_global = True
         return generator_from_state(start["generator"])
     if own is not None:
         run.start = {"generator": generator_state(own)}
@@ -292,6 +301,8 @@ class SubsetRandomSampler(Sampler[Any], TorchSubsetRandomSampler):
     def _run_keys(self, run: SamplerRun) -> Iterator[Any]:
         generator = _run_generator(run, self.generator, global_draw=True)
         order = torch.randperm(len(self.indices), generator=generator)
+        if run.consume_global:
+            torch.randperm(len(self.indices))
         for position in order[run.skip :].tolist():
             yield self.indices[position]
 
@@ -338,6 +349,8 @@ class WeightedRandomSampler(TensorChunkSampler, TorchWeightedRandomSampler):
         drawn = torch.multinomial(
             self.weights, self.num_samples, self.replacement, generator=generator
         )
+        if run.consume_global:
+            torch.multinomial(self.weights, self.num_samples, self.replacement)
         yield drawn[run.skip :]
 
 

@@ -106,7 +106,9 @@ EDGES = {
     "between_epochs": (1, 0),  # a for loop over epoch 0 finished
     "after_iter": (1, 0),  # iter() of epoch 1 made, no batch taken
     "mid_epoch": (1, 1),  # one batch of epoch 1 taken
-    "after_last_batch": (2, 0),  # every batch of epoch 1 taken, StopIteration not seen
+    # every batch of epoch 1 taken, StopIteration not seen: as torchdata's loader, the resumed
+    # iterator ends epoch 1 without a batch, and the next iter() begins epoch 2
+    "after_last_batch": (1, 3),
     "after_stop_iteration": (2, 0),  # StopIteration of epoch 1 seen, iterator still held
 }
 
@@ -150,9 +152,11 @@ def test_state_at_every_edge_point(edge: str, sampler: str) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_last_batch_and_stop_iteration_states_resume_alike() -> None:
-    """After the last batch, whether StopIteration was seen or not, and after the loop is over,
-    the next iterator yields the next epoch in full."""
+def test_last_batch_and_stop_iteration_states_resume_as_torchdata_does() -> None:
+    """After the last batch with StopIteration not seen, the resumed iterator ends the epoch
+    without a batch (the user's loop then counts it done), and the next one yields the next
+    epoch in full; after StopIteration, the next iterator yields the next epoch at once. This
+    is torchdata's StatefulDataLoader's behaviour (tests/resume/test_sdl_parity.py)."""
     states = []
     for edge in ("after_last_batch", "after_stop_iteration"):
         loader = shuffled(seed=1, batch_size=4)  # three batches an epoch, as reach() expects
@@ -160,8 +164,9 @@ def test_last_batch_and_stop_iteration_states_resume_alike() -> None:
         states.append(loader.state_dict())
         del iterator
     reference = epochs(shuffled(seed=1, batch_size=4), 3)
-    for state in states:
-        assert resumed_epochs(shuffled(seed=9, batch_size=4), state, 1) == [reference[2]]
+    last_batch, stop_iteration = states
+    assert resumed_epochs(shuffled(seed=9, batch_size=4), last_batch, 2) == [[], reference[2]]
+    assert resumed_epochs(shuffled(seed=9, batch_size=4), stop_iteration, 1) == [reference[2]]
 
 
 @pytest.mark.timeout(30)
@@ -287,14 +292,14 @@ def test_torch_save_and_weights_only_load_round_trip() -> None:
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("stop_at", [0, 2])
-def test_random_sampler_without_generator_does_not_redraw_from_global_rng(
+def test_random_sampler_without_generator_draws_from_global_rng_as_a_fresh_iterator(
     workers: int, stop_at: int
 ) -> None:
     """With generator=None the shuffle's seed and the base seed come from torch's global RNG,
-    which is the user's to checkpoint: the test saves it beside the loader state and restores
-    it in the "new process". The resumed epoch must draw nothing from it again: it continues
-    with the permutation of the interrupted epoch, and leaves the global RNG where the
-    uninterrupted epoch left it."""
+    which is the user's to restore: here the "new process" seeds it as the first one did. The
+    resumed epoch continues the interrupted permutation (the state holds its seeds), and it
+    draws from the global RNG what a fresh iterator draws, draw for draw: it leaves the
+    global RNG where the uninterrupted epoch left it, so later epochs match too."""
     options: dict[str, Any] = {"num_workers": workers}
     if workers:
         options["worker_type"] = "thread"
@@ -316,13 +321,11 @@ def test_random_sampler_without_generator_does_not_redraw_from_global_rng(
     iterator = iter(loader)
     delivered = take(iterator, stop_at)
     state = round_trip(loader.state_dict())
-    global_rng = torch.get_rng_state()
     del iterator
 
-    torch.manual_seed(12345)  # the new process
+    torch.manual_seed(3)  # the new process, seeded as the first
     fresh = make()
     fresh.load_state_dict(state)
-    torch.set_rng_state(global_rng)
     assert delivered + epoch_of(iter(fresh)) == reference[0]
     assert torch.equal(torch.get_rng_state(), rng_after[0])
     assert epochs(fresh, 2) == reference[1:]
@@ -403,7 +406,8 @@ def test_stateful_sampler_state_after_last_batch_keeps_the_epoch_boundary(drop_l
     take(iterator, len(loader))
     state = round_trip(loader.state_dict())
     del iterator
-    assert resumed_epochs(make(2), state, 2) == reference[1:]
+    # The resumed iterator ends epoch 0 without a batch; then epochs 1 and 2 as they were.
+    assert resumed_epochs(make(2), state, 3) == [[], *reference[1:]]
 
 
 @pytest.mark.timeout(30)
@@ -906,8 +910,8 @@ def test_malformed_state_is_refused(change: Callable[[dict[str, Any]], Any], mat
     assert epoch_of(iter(loader)) == reference
 
 
-@pytest.mark.parametrize("every", [0, -3])
-def test_snapshot_every_n_steps_must_be_positive(every: int) -> None:
+@pytest.mark.parametrize("every", [-1, -3])
+def test_snapshot_every_n_steps_must_not_be_negative(every: int) -> None:
     with pytest.raises(ValueError, match=rf"snapshot_every_n_steps.*got {every}"):
         ferry.DataLoader(rd.Ints(4), snapshot_every_n_steps=every)
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import ferry
@@ -265,6 +265,20 @@ def check_epoch(expected: list[Any], got: list[Any], ordered: bool, what: str) -
         )
 
 
+def epoch_start_draws(config: Config) -> bool:
+    """Whether the loader draws from torch's global RNG as an epoch begins."""
+    return not config.loader_generator or (
+        config.sampler in ("weighted", "subset") and not config.sampler_generator
+    )
+
+
+def in_process_draws(config: Config) -> bool:
+    """Whether the dataset draws from the global generators in the main process."""
+    return config.dataset == "augmented" and any(
+        e.num_workers == 0 or e.worker_type == "thread" for e in (config.a, config.b)
+    )
+
+
 def run_property(config: Config) -> None:
     ordered = config.a.ordered and config.b.ordered
 
@@ -273,7 +287,6 @@ def run_property(config: Config) -> None:
     reference_loader = build(config, config.a, seed=1)
     reference = [epoch_of(iter(reference_loader)) for _ in range(EPOCHS)]
     stop_workers(reference_loader)
-    length = len(reference[0])
 
     # The interrupted run: the same loader, stopped at the stop point.
     seed_globals(1234)
@@ -281,14 +294,23 @@ def run_property(config: Config) -> None:
     for epoch in range(config.stop_epoch):
         check_epoch(reference[epoch], epoch_of(iter(loader)), ordered, f"epoch {epoch}")
     delivered: list[Any] = []
+    # The user restores the global generators in the "new process". When the loader draws
+    # from torch's global RNG as an epoch begins (no generator: the base seed, a sampler's
+    # seed), a resumed iterator draws that again, as a fresh one does (and drops it: the state
+    # holds what it gave), so the user restores the global RNG as it stood when the epoch
+    # began. Otherwise they restore it as it stood at the save, which is what a dataset that
+    # draws from it in the main process (num_workers=0, threads) needs. Both at once cannot
+    # be asked of one global RNG: that combination is left out of the property.
+    saved_globals = capture_globals()
     if not config.before_iter:
         iterator = iter(loader)
         delivered = [rd.canon(next(iterator)) for _ in range(config.stop)]
         if config.exhaust:
             assert next(iterator, None) is None
         del iterator
+    if config.exhaust or config.before_iter or not epoch_start_draws(config):
+        saved_globals = capture_globals()  # (between epochs: the next epoch begins here)
     state = loader.state_dict()
-    saved_globals = capture_globals()
     stop_workers(loader)
     del loader
     state = json.loads(json.dumps(state))
@@ -300,7 +322,9 @@ def run_property(config: Config) -> None:
     assert resumed.state_dict() == state
     restore_globals(saved_globals)
     epoch = config.stop_epoch
-    next_epoch = config.exhaust or (config.stop == length and length > 0)
+    # After StopIteration the state is between epochs; after the last batch (StopIteration not
+    # seen) the resumed iterator ends that epoch without a batch, as torchdata's does.
+    next_epoch = config.exhaust
     if ordered and not next_epoch:
         assert delivered == reference[epoch][: config.stop]
     got_epochs = []
@@ -317,6 +341,7 @@ def run_property(config: Config) -> None:
 @settings(HYPOTHESIS, max_examples=25)
 @given(config=configs())
 def test_resumed_run_matches_uninterrupted_run(config: Config) -> None:
+    assume(not (epoch_start_draws(config) and in_process_draws(config)))  # see run_property
     with globals_kept():
         run_property(config)
 

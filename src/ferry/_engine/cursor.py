@@ -1,16 +1,28 @@
-"""The loader's position: one explicit object, and its plain-data form.
+"""The loader's position: one explicit object made of parts, and its plain-data form.
 
-A :class:`Cursor` says where the next batch comes from. The iterator writes it in one place,
-where a batch is handed to the user; a fresh epoch is a resume from :meth:`Cursor.zero`. Its
-plain form (:func:`to_plain`, :func:`from_plain`) is what ``DataLoader.state_dict()`` returns
-and ``load_state_dict()`` takes: JSON-safe, loadable with ``torch.load(weights_only=True)``,
+A :class:`Cursor` says where the next batch comes from. It nests parts, and each part turns
+itself into plain data and back (``to_plain``/``from_plain``), the way Grain's
+``get_state/set_state`` and torchdata.nodes' ``get_state/reset`` nest theirs:
+
+* :class:`~ferry._engine.keys.KeysCursor`: where the sampler's keys continue;
+* :class:`WorkerCursor` per worker (with its :class:`Snapshot` of user states and its
+  :class:`~ferry._engine.rng.ProcessRng`): where each worker's stream and generators stand;
+* :class:`RunCounts`: what spans the run rather than the epoch (the skip budget's counts, and
+  where torch's global generator stood when earlier epochs began).
+
+Adding a resumable stage adds a part here; nothing else lists fields. The iterator's
+:class:`~ferry._engine.iterator.EpochTrack` is the one owner that moves the position, in one
+place, where a batch is handed to the user; a fresh epoch is a resume from
+:meth:`Cursor.zero`. :class:`LoaderState` is what ``DataLoader.state_dict()`` returns and
+``load_state_dict()`` takes: JSON-safe, loadable with ``torch.load(weights_only=True)``,
 versioned, and checked against the loader it is loaded into. ``docs/design/state.md`` explains
-each field and why each edge case resumes exactly.
+each field and why each save point resumes exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -23,13 +35,32 @@ __all__ = [
     "VERSION",
     "Cursor",
     "LoaderIdentity",
+    "LoaderState",
+    "MalformedState",
+    "RunCounts",
+    "Snapshot",
+    "StateMismatch",
     "WorkerCursor",
-    "from_plain",
-    "to_plain",
+    "global_rng_fingerprint",
 ]
 
 FORMAT = "ferry.DataLoader"
-VERSION = 1
+VERSION = 2
+
+# Fingerprints of torch's global generator kept in a state (one per epoch that drew from it).
+_FINGERPRINTS_KEPT = 64
+
+
+class StateMismatch(ValueError):
+    """A well-formed state that was saved from a loader built otherwise."""
+
+
+class MalformedState(ValueError):
+    """A state that is not what ``state_dict()`` returned (damaged or edited)."""
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 @dataclass(frozen=True)
@@ -37,12 +68,20 @@ class Snapshot:
     """A worker's user-side state, taken every ``snapshot_every_n_steps`` batches.
 
     ``items``: how many samples its stream had handed out then; ``dataset``/``stream``: what
-    ``state_dict()`` of the dataset and of the stream's iterator returned (None: not stateful).
+    ``state_dict()`` of the dataset and of the stream's iterator returned (None: not stateful,
+    or, for ``dataset``, a stream that is the dataset itself, whose state is ``stream``).
     """
 
     items: int = 0
     dataset: Any = None
     stream: Any = None
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"items": self.items, "dataset": self.dataset, "stream": self.stream}
+
+    @classmethod
+    def from_plain(cls, plain: dict[str, Any]) -> Snapshot:
+        return cls(int(plain["items"]), plain["dataset"], plain["stream"])
 
 
 @dataclass(frozen=True)
@@ -57,6 +96,56 @@ class WorkerCursor:
     rng: ProcessRng | None = None
     snapshot: Snapshot = field(default_factory=Snapshot)
 
+    def between_epochs(self, keep_rng: bool) -> WorkerCursor:
+        """This worker as the next epoch finds it: its stream starts again; its dataset (and,
+        with ``keep_rng``, its generators) go on as they are."""
+        return WorkerCursor(0, self.rng if keep_rng else None, Snapshot(0, self.snapshot.dataset))
+
+    def to_plain(self) -> dict[str, Any]:
+        return {
+            "items": self.items,
+            "rng": None if self.rng is None else self.rng.to_plain(),
+            "snapshot": self.snapshot.to_plain(),
+        }
+
+    @classmethod
+    def from_plain(cls, plain: dict[str, Any]) -> WorkerCursor:
+        rng = None if plain["rng"] is None else ProcessRng.from_plain(plain["rng"])
+        if rng is not None and len(rng.torch_state) != torch.get_rng_state().numel():
+            raise ValueError("a worker's torch generator state has the wrong size")
+        return cls(int(plain["items"]), rng, Snapshot.from_plain(plain["snapshot"]))
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """What spans the run, not one epoch: the skip budget's counts (``on_error="skip"``), and
+    fingerprints of torch's global generator where earlier epochs that drew from it began (an
+    epoch that would begin at one of them again would repeat that epoch: see
+    :func:`global_rng_fingerprint`)."""
+
+    skipped: int = 0
+    seen: int = 0
+    epoch_starts: tuple[str, ...] = ()
+
+    def with_start(self, fingerprint: str) -> RunCounts:
+        kept = (*self.epoch_starts, fingerprint)[-_FINGERPRINTS_KEPT:]
+        return replace(self, epoch_starts=kept)
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"skipped": self.skipped, "seen": self.seen}
+
+    @classmethod
+    def from_plain(cls, errors: dict[str, Any], starts: list[Any]) -> RunCounts:
+        if not all(isinstance(s, str) for s in starts):
+            raise TypeError("the global generator's fingerprints must be strings")
+        return cls(int(errors["skipped"]), int(errors["seen"]), tuple(starts))
+
+
+def global_rng_fingerprint() -> str:
+    """A short digest of torch's global CPU generator's state as it stands now."""
+    data = torch.get_rng_state().numpy().tobytes()
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
 
 @dataclass(frozen=True)
 class Cursor:
@@ -64,15 +153,18 @@ class Cursor:
 
     ``started``: an epoch is under way (False: the next iterator begins a fresh epoch, whose
     draws come from the generators as restored here). ``base_seed``: the workers' base seed of
-    the epoch under way, or of the persistent workers. ``generator``: the loader generator's
-    state (after the base seed was drawn, when started). ``keys`` and ``position``: where the
-    sampler's keys continue (``position`` keys of the epoch were handed out, plus those in
-    ``ahead``, out of order). ``turn``: the worker whose batch comes next (in order).
-    ``workers``: each worker's position, for ``num_workers`` workers (0: the main process).
+    the epoch under way, or of the persistent workers (None without workers: nothing uses it).
+    ``seed_drawn``: the epoch drew its base seed when it began (a persistent workers' later
+    epoch does not). ``generator``: the loader generator's state (after the base seed was drawn,
+    when started). ``keys`` and ``position``: where the sampler's keys continue (``position``
+    keys of the epoch were handed out, plus those in ``ahead``, out of order). ``turn``: the
+    worker whose batch comes next (in order). ``workers``: each worker's position, for
+    ``num_workers`` workers (0: the main process). ``run``: what spans the run.
     """
 
     started: bool = False
     base_seed: int | None = None
+    seed_drawn: bool = True
     generator: str | None = None
     keys: KeysCursor = field(default_factory=lambda: KeysCursor("skip"))
     position: int = 0
@@ -80,14 +172,63 @@ class Cursor:
     turn: int = 0
     num_workers: int = 0
     workers: tuple[WorkerCursor, ...] = ()
-    # on_error="skip": samples dropped, and samples seen, over the run so far (the budget).
-    skipped: int = 0
-    seen: int = 0
+    run: RunCounts = field(default_factory=RunCounts)
 
     @classmethod
     def zero(cls) -> Cursor:
         """A fresh loader's position: nothing to restore, everything drawn anew."""
         return cls()
+
+    def next_epoch(self, persistent: bool) -> Cursor:
+        """The cursor of the epoch after this one, drawing from the generators as they stand.
+
+        Persistent workers keep their base seed, their generators and their datasets; the main
+        process (``num_workers=0``) keeps its dataset, as an uninterrupted run does.
+        """
+        keep = persistent or self.num_workers == 0
+        return Cursor(
+            base_seed=self.base_seed if persistent else None,
+            seed_drawn=not persistent,
+            num_workers=self.num_workers,
+            workers=tuple(w.between_epochs(persistent) for w in self.workers) if keep else (),
+            run=self.run,
+        )
+
+    def to_plain(self) -> dict[str, Any]:
+        return {
+            "started": self.started,
+            "base_seed": self.base_seed if self.num_workers else None,
+            "seed_drawn": self.seed_drawn,
+            "generator": self.generator,
+            "keys": self.keys.to_plain(),
+            "position": self.position,
+            "ahead": sorted(self.ahead),
+            "turn": self.turn,
+        }
+
+    @classmethod
+    def from_plain(cls, epoch: dict[str, Any], state: dict[str, Any]) -> Cursor:
+        generator = epoch["generator"]
+        if generator is not None:
+            if not isinstance(generator, str):
+                raise TypeError(f"a generator state must be a string, got {type(generator)}")
+            generator_from_state(generator)
+        cursor = cls(
+            started=bool(epoch["started"]),
+            base_seed=_int_or_none(epoch["base_seed"]),
+            seed_drawn=bool(epoch["seed_drawn"]),
+            generator=generator,
+            keys=KeysCursor.from_plain(epoch["keys"]),
+            position=int(epoch["position"]),
+            ahead=frozenset(int(n) for n in epoch["ahead"]),
+            turn=int(epoch["turn"]),
+            num_workers=int(state["loader"]["num_workers"]),
+            workers=tuple(WorkerCursor.from_plain(w) for w in state["workers"]),
+            run=RunCounts.from_plain(state["errors"], state["epoch_starts"]),
+        )
+        if cursor.position < 0 or len(cursor.workers) not in (0, max(cursor.num_workers, 1)):
+            raise ValueError("its position or worker list is invalid")
+        return cursor
 
 
 @dataclass(frozen=True)
@@ -113,150 +254,73 @@ class LoaderIdentity:
             "num_workers": self.num_workers,
         }
 
-
-def to_plain(cursor: Cursor, identity: LoaderIdentity) -> dict[str, Any]:
-    keys = cursor.keys
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "loader": identity.to_plain(),
-        "epoch": {
-            "started": cursor.started,
-            "base_seed": cursor.base_seed,
-            "generator": cursor.generator,
-            "keys": {
-                "kind": keys.kind,
-                "start": keys.start,
-                "snapshot": keys.snapshot,
-                "snapshot_at": keys.snapshot_at,
-                "base": keys.base,
-            },
-            "position": cursor.position,
-            "ahead": sorted(cursor.ahead),
-            "turn": cursor.turn,
-        },
-        "errors": {"skipped": cursor.skipped, "seen": cursor.seen},
-        "workers": [
-            {
-                "items": w.items,
-                "rng": None if w.rng is None else w.rng.to_plain(),
-                "snapshot": {
-                    "items": w.snapshot.items,
-                    "dataset": w.snapshot.dataset,
-                    "stream": w.snapshot.stream,
-                },
-            }
-            for w in cursor.workers
-        ],
-    }
-
-
-def from_plain(state: Any, identity: LoaderIdentity) -> Cursor:
-    """The cursor a state describes, checked against the loader it is loaded into.
-
-    Raises ValueError naming what differs (or what is malformed).
-    """
-    if not isinstance(state, dict):
-        raise ValueError(
-            f"DataLoader.load_state_dict expects the dict that state_dict() returned, got "
-            f"{type(state).__name__}"
-        )
-    if state.get("format") != FORMAT:
-        raise ValueError(
-            f"this is not a ferry DataLoader state: its 'format' is {state.get('format')!r}, "
-            f"expected {FORMAT!r} (a state from torchdata's StatefulDataLoader, or from another "
-            "object, cannot be loaded)"
-        )
-    if state.get("version") != VERSION:
-        raise ValueError(
-            f"DataLoader state version {state.get('version')!r} is not supported by this ferry, "
-            f"which reads version {VERSION}"
-        )
-    try:
-        saved = state["loader"]
-        _check_identity(saved, identity)
-        epoch = state["epoch"]
-        keys = epoch["keys"]
-        workers = tuple(
-            WorkerCursor(
-                int(w["items"]),
-                None if w["rng"] is None else ProcessRng.from_plain(w["rng"]),
-                Snapshot(
-                    int(w["snapshot"]["items"]), w["snapshot"]["dataset"], w["snapshot"]["stream"]
-                ),
+    def check(self, saved: dict[str, Any]) -> None:
+        """Raise :class:`StateMismatch` naming each option ``saved`` differs in."""
+        here = self.to_plain()
+        differences = [
+            f"{name}: the state has {saved.get(name)!r}, this loader has {here[name]!r}"
+            for name in here
+            if name != "num_workers" and saved.get(name) != here[name]
+        ]
+        if differences:
+            raise StateMismatch(
+                "DataLoader state does not fit this loader: it was saved from a loader with "
+                "other data or options (" + "; ".join(differences) + "). Build the loader as "
+                "it was when the state was saved."
             )
-            for w in state["workers"]
-        )
-        cursor = Cursor(
-            started=bool(epoch["started"]),
-            base_seed=None if epoch["base_seed"] is None else int(epoch["base_seed"]),
-            generator=epoch["generator"],
-            keys=KeysCursor(
-                keys["kind"],
-                keys["start"],
-                keys["snapshot"],
-                int(keys["snapshot_at"]),
-                int(keys["base"]),
-            ),
-            position=int(epoch["position"]),
-            ahead=frozenset(int(n) for n in epoch["ahead"]),
-            turn=int(epoch["turn"]),
-            num_workers=int(saved["num_workers"]),
-            workers=workers,
-            # (absent from states saved before on_error existed)
-            skipped=int(state.get("errors", {}).get("skipped", 0)),
-            seen=int(state.get("errors", {}).get("seen", 0)),
-        )
-        _check_generator_states(cursor)
-    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
-        raise ValueError(
-            f"DataLoader state is malformed ({type(exc).__name__}: {exc}); pass the dict that "
-            "state_dict() returned, unchanged apart from a json or torch.save round trip"
-        ) from None
-    if cursor.keys.kind not in ("builtin", "stateful", "skip", "stream"):
-        raise ValueError(f"DataLoader state has an unknown sampler kind {cursor.keys.kind!r}")
-    if cursor.position < 0 or len(cursor.workers) not in (0, max(cursor.num_workers, 1)):
-        raise ValueError("DataLoader state is malformed: its position or worker list is invalid")
-    return cursor
 
 
-def _check_generator_states(cursor: Cursor) -> None:
-    """Raise now, not at the next ``iter()``, if a generator state in ``cursor`` is unusable."""
-    states = [cursor.generator]
-    start = cursor.keys.start
-    if start is not None:
-        if not isinstance(start, dict):
-            raise TypeError(f"the sampler's start must be a dict, got {type(start).__name__}")
-        states.append(start.get("generator"))
-        if "seed" in start and not isinstance(start["seed"], int):
-            raise TypeError(f"the sampler's seed must be an int, got {start['seed']!r}")
-    for state in states:
-        if state is not None:
-            if not isinstance(state, str):
-                raise TypeError(f"a generator state must be a string, got {type(state).__name__}")
-            generator_from_state(state)
-    size = torch.get_rng_state().numel()
-    if any(w.rng is not None and len(w.rng.torch_state) != size for w in cursor.workers):
-        raise ValueError("a worker's torch generator state has the wrong size")
+@dataclass(frozen=True)
+class LoaderState:
+    """A whole state: the loader it was saved from, and the position (see the module doc)."""
 
+    identity: LoaderIdentity
+    cursor: Cursor
 
-def _check_identity(saved: dict[str, Any], identity: LoaderIdentity) -> None:
-    here = identity.to_plain()
-    differences = [
-        f"{name}: the state has {saved.get(name)!r}, this loader has {here[name]!r}"
-        for name in (
-            "dataset",
-            "dataset_length",
-            "batch_size",
-            "drop_last",
-            "sampler",
-            "batch_sampler",
-        )
-        if saved.get(name) != here[name]
-    ]
-    if differences:
-        raise ValueError(
-            "DataLoader state does not fit this loader: it was saved from a loader with other "
-            "data or options (" + "; ".join(differences) + "). Build the loader as it was "
-            "when the state was saved."
-        )
+    def to_plain(self) -> dict[str, Any]:
+        cursor = self.cursor
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "loader": self.identity.to_plain(),
+            "epoch": cursor.to_plain(),
+            "errors": cursor.run.to_plain(),
+            "epoch_starts": list(cursor.run.epoch_starts),
+            "workers": [w.to_plain() for w in cursor.workers],
+        }
+
+    @staticmethod
+    def cursor_from_plain(state: Any, identity: LoaderIdentity) -> Cursor:
+        """The cursor ``state`` describes, checked against the loader it is loaded into.
+
+        Raises :class:`StateMismatch` when it was saved from a loader built otherwise, and
+        :class:`MalformedState` when it is not what ``state_dict()`` returned.
+        """
+        if not isinstance(state, dict):
+            raise MalformedState(
+                f"DataLoader.load_state_dict expects the dict that state_dict() returned, got "
+                f"{type(state).__name__}"
+            )
+        if state.get("format") != FORMAT:
+            raise MalformedState(
+                f"this is not a ferry DataLoader state: its 'format' is "
+                f"{state.get('format')!r}, expected {FORMAT!r} (a state from torchdata's "
+                "StatefulDataLoader, or from another object, cannot be loaded)"
+            )
+        if state.get("version") != VERSION:
+            raise MalformedState(
+                f"DataLoader state version {state.get('version')!r} is not supported by this "
+                f"ferry, which reads version {VERSION}"
+            )
+        saved = state.get("loader")
+        if isinstance(saved, dict):
+            identity.check(saved)  # what does not fit is said as such, before any parsing
+        try:
+            cursor = Cursor.from_plain(state["epoch"], state)
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+            raise MalformedState(
+                f"DataLoader state is malformed ({type(exc).__name__}: {exc}); pass the dict "
+                "that state_dict() returned, unchanged apart from a json or torch.save round "
+                "trip"
+            ) from None
+        return cursor

@@ -18,7 +18,9 @@ loader (see that module for why).
 
 from __future__ import annotations
 
+import hashlib
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from time import perf_counter
 from typing import Any, NamedTuple
@@ -26,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ferry._engine.alloc import using_allocator
-from ferry._engine.cursor import Cursor, Snapshot, WorkerCursor
+from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor, global_rng_fingerprint
 from ferry._engine.failures import SkipBudget
 from ferry._engine.fetch import (
     DROPPED,
@@ -37,12 +39,18 @@ from ferry._engine.fetch import (
     make_fetcher,
     one_call_gather,
 )
-from ferry._engine.keys import EpochKeys, KeysCursor, between_epochs, restore_between_epochs
+from ferry._engine.keys import (
+    EpochKeys,
+    KeysCursor,
+    between_epochs,
+    draws_from_global,
+    restore_between_epochs,
+)
 from ferry._engine.pin import PinJob, pin_batch
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position import PositionKeeper
 from ferry._engine.rng import generator_state, set_generator_state
-from ferry.errors import TooManyErrors
+from ferry.errors import EpochReplayWarning, TooManyErrors, warn_from_user_code
 from ferry.stats import StatsRecorder
 
 __all__ = [
@@ -51,7 +59,6 @@ __all__ = [
     "InlineIterator",
     "LoaderIterator",
     "between_epochs_cursor",
-    "next_epoch_start",
 ]
 
 
@@ -69,11 +76,12 @@ class Delivery(NamedTuple):
 
 
 class EpochTrack:
-    """An iterator's epoch as its loader sees it: the cursor and what it is computed from.
+    """The one owner of an epoch's position, as its loader sees it.
 
-    The loader keeps the track of its last iterator, which holds no workers, so
-    ``loader.state_dict()`` answers after that iterator is gone (a finished ``for`` loop drops
-    it).
+    The position moves in one place, :meth:`delivered`, when the user gets a batch;
+    :meth:`save` says where to start again from there. The loader keeps the track of its last
+    iterator, which holds no workers, so ``loader.state_dict()`` answers after that iterator is
+    gone (a finished ``for`` loop drops it).
     """
 
     def __init__(
@@ -90,30 +98,33 @@ class EpochTrack:
         # The cursor's fixed part, and its moving parts kept as plain mutable fields: the
         # position moves once per batch, and this is on every batch's path.
         self._fixed = cursor
-        self.position_ = cursor.position
+        self.next_key = cursor.position  # every key below it was handed out
         self.ahead: set[int] = set(cursor.ahead)
         self.turn = cursor.turn
         self.workers = list(cursor.workers)
+        # The main process's position read when asked (num_workers=0), instead of reports.
+        self.live: Callable[[], WorkerCursor] | None = None
         self.loaded: Cursor | None = None  # the cursor this epoch was resumed from
         self.yielded = 0  # batches handed out by this iterator in this epoch
         self.finished = False  # StopIteration was raised
-        # Where the epoch's time goes (ferry.stats), kept beside the cursor.
+        # Where the epoch's time goes (ferry.stats), kept beside the position.
         self.stats = StatsRecorder(max(plan.num_workers, 1))
         # on_error="skip": the samples dropped so far in the run (counts are in the cursor).
-        if (self.budget.skipped, self.budget.seen) != (cursor.skipped, cursor.seen):
-            self.budget = SkipBudget(None, cursor.skipped, cursor.seen)
+        run = cursor.run
+        if (self.budget.skipped, self.budget.seen) != (run.skipped, run.seen):
+            self.budget = SkipBudget(None, run.skipped, run.seen)
         self.budget.max_errors = plan.failures.max_errors  # (the loader's may have changed)
 
     def delivered(self, number: int, worker_id: int, worker: WorkerCursor | None) -> None:
         """The user now has batch ``number`` (made by ``worker_id``, which then stood at
         ``worker``): the one place the position moves."""
         ahead = self.ahead
-        if number == self.position_:
+        if number == self.next_key:
             number += 1
             while number in ahead:
                 ahead.discard(number)
                 number += 1
-            self.position_ = number
+            self.next_key = number
         else:
             ahead.add(number)
         if worker is not None:
@@ -121,33 +132,37 @@ class EpochTrack:
         count = self._fixed.num_workers
         self.turn = (worker_id + 1) % count if count else 0
 
-    @property
-    def cursor(self) -> Cursor:
-        """The position after the last batch handed out (its keys part: see :meth:`position`)."""
+    def save(self) -> Cursor:
+        """Where to start again after the last batch handed to the user (see :mod:`.cursor`).
+
+        Nothing handed out since a load: the cursor loaded. After ``StopIteration``: the next
+        epoch, from the generators as they stand. Otherwise the epoch under way, also when its
+        last batch was handed out (a resumed iterator then ends that epoch without a batch,
+        and the next ``iter()`` begins the next one, as torchdata's loader does).
+        """
+        if self.loaded is not None and self.yielded == 0 and not self.finished:
+            return self.loaded
+        plan = self.plan
+        if self.finished:
+            return between_epochs_cursor(
+                self.next_epoch(), plan.generator, plan.sampler, plan.batch_sampler
+            )
+        return replace(self._current(), keys=self.keys.cursor_at(self.next_key))
+
+    def next_epoch(self) -> Cursor:
+        """The cursor that begins the next epoch from here, with the generators as they stand."""
+        return self._current().next_epoch(self.plan.persistent_workers)
+
+    def _current(self) -> Cursor:
+        fixed = self._fixed
         return replace(
-            self._fixed,
-            position=self.position_,
+            fixed,
+            position=self.next_key,
             ahead=frozenset(self.ahead),
             turn=self.turn,
-            workers=tuple(self.workers),
-            skipped=self.budget.skipped,
-            seen=self.budget.seen,
+            workers=(self.live(),) if self.live is not None else tuple(self.workers),
+            run=replace(fixed.run, skipped=self.budget.skipped, seen=self.budget.seen),
         )
-
-    def position(self) -> Cursor:
-        """The position after the last batch handed to the user (see :mod:`.cursor`)."""
-        if self.loaded is not None and self.yielded == 0 and not self.finished:
-            return self.loaded  # nothing handed out since the load: the state loaded
-        plan = self.plan
-        cursor = self.cursor
-        if self.finished or (not self.ahead and self.keys.ended_at(self.position_)):
-            return between_epochs_cursor(
-                next_epoch_start(cursor, plan.persistent_workers),
-                plan.generator,
-                plan.sampler,
-                plan.batch_sampler,
-            )
-        return replace(cursor, keys=self.keys.cursor_at(cursor.position))
 
 
 def between_epochs_cursor(
@@ -163,17 +178,23 @@ def between_epochs_cursor(
     )
 
 
-def next_epoch_start(finished: Cursor, persistent: bool) -> Cursor:
-    """The cursor of the epoch after one that is over, drawing from the generators as they
-    stand; persistent workers keep their base seed and their generators."""
-    return Cursor(
-        started=False,
-        base_seed=finished.base_seed if persistent else None,
-        num_workers=finished.num_workers,
-        workers=finished.workers if persistent else (),
-        skipped=finished.skipped,
-        seen=finished.seen,
-    )
+def _guard_replay(run: RunCounts) -> RunCounts:
+    """Note where torch's global RNG stands as an epoch that draws from it begins, and warn if
+    an earlier epoch began there: this one would repeat it (its shuffle and worker seeds)."""
+    fingerprint = global_rng_fingerprint()
+    if fingerprint in run.epoch_starts:
+        warn_from_user_code(
+            "DataLoader: this epoch begins with torch's global random generator exactly where "
+            "it stood when an earlier epoch began, so it repeats that epoch's shuffle and "
+            "worker seeds (and random augmentations). This happens when a resumed run seeds "
+            "the global RNG as the first run did (seed_everything, torch.manual_seed) without "
+            "restoring it: the loader's state restores its own position, not torch's global "
+            "RNG. Pass generator=torch.Generator().manual_seed(seed) to the DataLoader (its "
+            "state then covers every later epoch), or save torch.get_rng_state() with the "
+            "checkpoint and restore it with torch.set_rng_state().",
+            EpochReplayWarning,
+        )
+    return run.with_start(fingerprint)
 
 
 def _option(name: str) -> Any:
@@ -204,7 +225,11 @@ class LoaderIterator:
         return 1 if self._iterable_style else 0
 
     def __init__(
-        self, plan: EpochPlan, resume: Cursor | None = None, budget: SkipBudget | None = None
+        self,
+        plan: EpochPlan,
+        resume: Cursor | None = None,
+        budget: SkipBudget | None = None,
+        run: RunCounts | None = None,
     ) -> None:
         self._plan = plan
         self._iterable_style = plan.iterable_style
@@ -214,7 +239,9 @@ class LoaderIterator:
         # The skip budget spans the run: a fresh epoch goes on with the last iterator's.
         start = resume if resume is not None else Cursor.zero()
         if resume is None and budget is not None:
-            start = replace(start, skipped=budget.skipped, seen=budget.seen)
+            start = replace(start, run=replace(start.run, skipped=budget.skipped, seen=budget.seen))
+        if resume is None and run is not None:
+            start = replace(start, run=replace(start.run, epoch_starts=run.epoch_starts))
         self._carried_budget = budget
         self._open_epoch(start)
         self._track.loaded = resume
@@ -222,52 +249,56 @@ class LoaderIterator:
     # -- the epoch and its cursor --------------------------------------------------------------
 
     def _open_epoch(self, start: Cursor) -> None:
-        """Begin the epoch ``start`` describes: its keys, its base seed, its cursor.
+        """Begin the epoch ``start`` describes: its keys, its base seed, its position.
 
-        A map-style epoch resumed at its very end (every batch handed out, ``StopIteration``
-        not yet seen) is over: the next epoch begins instead, in full, as it would have
-        (not for a :class:`~ferry.DistributedSampler`, whose epochs the user begins).
+        A resumed epoch draws what a fresh one draws, in torch's order (the sampler is asked
+        for its iterator, then the base seed is drawn): the generators the loader owns are
+        restored to where they stood, and a draw from torch's global RNG is made again and
+        dropped (the state holds what it gave), so the global RNG stands where a fresh
+        iterator leaves it.
         """
         plan = self._plan
         generator = plan.generator if isinstance(plan.generator, torch.Generator) else None
-        while True:
-            keys_cursor: KeysCursor | None = start.keys
-            if not start.started:
-                # Between epochs: the generators as they stood, then a fresh epoch from them.
-                restore_between_epochs(plan.sampler, plan.batch_sampler, start.keys)
-                if start.keys.kind != "stateful" or start.keys.snapshot is None:
-                    keys_cursor = None
-            if start.generator is not None and generator is not None:
-                set_generator_state(generator, start.generator)
-            position = start.position if start.started else 0
-            ahead = start.ahead if start.started else frozenset()
-            keys = EpochKeys(
-                plan,
-                self._gathers,
-                cursor=keys_cursor,
-                position=position,
-                exclude=ahead,
-                snapshot_every=plan.snapshot_every,
-            )
-            if start.started:
-                assert start.base_seed is not None
-                base_seed = start.base_seed
-            elif start.base_seed is not None and plan.persistent_workers:
-                base_seed = start.base_seed  # persistent workers keep their seed across epochs
-            else:
-                base_seed = int(
-                    torch.empty((), dtype=torch.int64).random_(generator=plan.generator).item()
-                )
-            if start.started and position and not plan.iterable_style and keys.resumed_past_end():
-                start = next_epoch_start(start, plan.persistent_workers)
-                continue
-            break
+        keys_cursor: KeysCursor | None = start.keys
+        run = start.run
+        if not start.started:
+            # Between epochs: the generators as they stood, then a fresh epoch from them.
+            restore_between_epochs(plan.sampler, plan.batch_sampler, start.keys)
+            if start.keys.kind != "stateful" or start.keys.snapshot is None:
+                keys_cursor = None
+            if generator is None and draws_from_global(plan):
+                run = _guard_replay(run)
+        if start.generator is not None and generator is not None:
+            set_generator_state(generator, start.generator)
+        position = start.position if start.started else 0
+        ahead = start.ahead if start.started else frozenset()
+        keys = EpochKeys(
+            plan,
+            self._gathers,
+            cursor=keys_cursor,
+            position=position,
+            exclude=ahead,
+            snapshot_every=plan.snapshot_every,
+        )
+        base_seed = start.base_seed
+        seed_drawn = start.seed_drawn or base_seed is None
+        # A resumed epoch's own generator already stands after its draw; any other draw is made.
+        if seed_drawn and not (start.started and generator is not None):
+            drawn = int(torch.empty((), dtype=torch.int64).random_(generator=plan.generator).item())
+            if base_seed is None or not start.started:
+                base_seed = drawn
+        if base_seed is None:
+            # A resumed epoch saved without workers (no base seed kept: nothing used it) whose
+            # draw is not made again: workers of this loader need one, and no RNG is touched.
+            digest = hashlib.blake2b(f"{start.generator}:{position}".encode(), digest_size=8)
+            base_seed = int.from_bytes(digest.digest(), "little", signed=True)
         self._base_seed = base_seed
         self._length_warned = False
         workers = max(plan.num_workers, 1)
         cursor = Cursor(
             started=True,
             base_seed=base_seed,
+            seed_drawn=seed_drawn,
             generator=generator_state(generator) if generator is not None else None,
             keys=KeysCursor(keys.kind),
             position=position,
@@ -275,8 +306,7 @@ class LoaderIterator:
             turn=start.turn % workers if start.started else 0,
             num_workers=plan.num_workers,
             workers=self._resumed_workers(start),
-            skipped=start.skipped,
-            seen=start.seen,
+            run=run,
         )
         if getattr(self, "_track", None) is None:
             self._track = EpochTrack(plan, keys, cursor, self._carried_budget)
@@ -288,10 +318,7 @@ class LoaderIterator:
         loader's workers is dropped (see :meth:`worker_resume`)."""
         count = max(self._plan.num_workers, 1)
         if start.num_workers == self._plan.num_workers and len(start.workers) == count:
-            if start.started:
-                return start.workers
-            # Between epochs only the generators carry over (persistent workers).
-            return tuple(WorkerCursor(0, w.rng, Snapshot()) for w in start.workers)
+            return start.workers
         return tuple(WorkerCursor() for _ in range(count))
 
     def worker_resume(self, worker_id: int) -> WorkerCursor | None:
@@ -315,13 +342,10 @@ class LoaderIterator:
             try:
                 batch, number, worker_id, worker, outcome = delivery = self._next_batch()
             except StopIteration:
-                if not self._resumed_at_stream_end():
-                    track.finished = True
-                    track.stats.ended = perf_counter()
-                    track.stats.wait += track.stats.ended - asked
-                    raise
-                track = self._track  # the next epoch's
-                batch, number, worker_id, worker, outcome = delivery = self._next_batch()
+                track.finished = True
+                track.stats.ended = perf_counter()
+                track.stats.wait += track.stats.ended - asked
+                raise
             if outcome is None:
                 break
             self._count_skips(track, delivery)
@@ -387,27 +411,6 @@ class LoaderIterator:
         if delivery.batch is DROPPED:
             track.delivered(delivery.number, delivery.worker_id, delivery.worker)
 
-    def _resumed_at_stream_end(self) -> bool:
-        """Whether this epoch was resumed at the very end of a stream and has now begun the
-        next epoch instead (then the next ``_next_batch`` is that epoch's first)."""
-        track = self._track
-        loaded = track.loaded
-        if not (
-            self._iterable_style
-            and loaded is not None
-            and loaded.started
-            and loaded.position
-            and track.yielded == 0
-        ):
-            return False
-        self._open_epoch(next_epoch_start(track.cursor, self._plan.persistent_workers))
-        self._reopen()
-        return True
-
-    def _reopen(self) -> None:
-        """Open the streams of the epoch just begun (after a resume found a stream's end)."""
-        raise NotImplementedError
-
     @property
     def _num_yielded(self) -> int:
         """Batches of the current epoch handed out, as torch's iterators count them (code
@@ -437,7 +440,11 @@ class InlineIterator(LoaderIterator):
     _timeout = _option("timeout")
 
     def __init__(
-        self, plan: EpochPlan, resume: Cursor | None = None, budget: SkipBudget | None = None
+        self,
+        plan: EpochPlan,
+        resume: Cursor | None = None,
+        budget: SkipBudget | None = None,
+        run: RunCounts | None = None,
     ) -> None:
         if plan.timeout > 0:
             raise AssertionError(
@@ -445,7 +452,7 @@ class InlineIterator(LoaderIterator):
                 f"how long to wait for a worker, got timeout={plan.timeout}; set num_workers > 0 "
                 "or leave timeout at 0"
             )
-        super().__init__(plan, resume, budget)
+        super().__init__(plan, resume, budget, run)
         self._skip = plan.failures.skip
         self._allocator = plan.buffer_pool
         # Made after the base seed is drawn: an iterable dataset's stream opens here, as in
@@ -455,6 +462,12 @@ class InlineIterator(LoaderIterator):
         self._fetcher: MapFetcher | IterableFetcher = self._keeper.open(
             self._make_fetcher, self.worker_resume(0)
         )
+        # The main process's position is read when the state is asked for, user states
+        # included, as torchdata's loader does without workers: no report per batch.
+        self._track.live = self._live
+
+    def _live(self) -> WorkerCursor:
+        return self._keeper.live(self._fetcher)
 
     def _make_fetcher(self) -> MapFetcher | IterableFetcher:
         plan = self._plan
@@ -466,9 +479,6 @@ class InlineIterator(LoaderIterator):
             plan.drop_last,
             skip_as=0 if self._skip else None,
         )
-
-    def _reopen(self) -> None:
-        self._fetcher = self._keeper.open(self._make_fetcher, None)
 
     def _next_batch(self) -> Delivery:
         stats = self._track.stats
@@ -485,8 +495,4 @@ class InlineIterator(LoaderIterator):
         stats.fetch += fetcher.fetch_s
         stats.collate += fetcher.collate_s
         outcome = fetcher.outcome if self._skip else None
-        keeper = self._keeper
-        report = keeper.after_batch(fetcher) if keeper.reports else None
-        if report is None:
-            return Delivery(batch, number, 0, None, outcome)
-        return Delivery(batch, number, 0, report.resolve(self._track.workers[0]), outcome)
+        return Delivery(batch, number, 0, None, outcome)

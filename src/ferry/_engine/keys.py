@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 
 from ferry._engine.plan import EpochPlan
-from ferry._engine.rng import set_generator_state
+from ferry._engine.rng import generator_from_state, set_generator_state
 from ferry.samplers import (
     SamplerRun,
     batched,
@@ -42,7 +42,14 @@ from ferry.samplers import (
     run_keys,
 )
 
-__all__ = ["EpochKeys", "KeysCursor", "between_epochs", "builtin_source", "stateful_part"]
+__all__ = [
+    "EpochKeys",
+    "KeysCursor",
+    "between_epochs",
+    "builtin_source",
+    "draws_from_global",
+    "stateful_part",
+]
 
 KeysKind = Literal["builtin", "stateful", "skip", "stream"]
 
@@ -61,6 +68,46 @@ class KeysCursor:
     snapshot: Any = None
     snapshot_at: int = 0
     base: int = 0
+    # (stateful) the sampler had ended when the cursor was taken: its state may already
+    # describe the next epoch, so a resume loads it and hands out no key
+    ended: bool = False
+
+    def to_plain(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "start": self.start,
+            "snapshot": self.snapshot,
+            "snapshot_at": self.snapshot_at,
+            "base": self.base,
+            "ended": self.ended,
+        }
+
+    @classmethod
+    def from_plain(cls, plain: dict[str, Any]) -> KeysCursor:
+        kind = plain["kind"]
+        if kind not in ("builtin", "stateful", "skip", "stream"):
+            raise ValueError(f"unknown sampler kind {kind!r}")
+        start = plain["start"]
+        if start is not None:
+            if not isinstance(start, dict):
+                raise TypeError(f"the sampler's start must be a dict, got {type(start).__name__}")
+            if "seed" in start and not isinstance(start["seed"], int):
+                raise TypeError(f"the sampler's seed must be an int, got {start['seed']!r}")
+            generator = start.get("generator")
+            if generator is not None:
+                if not isinstance(generator, str):
+                    raise TypeError(
+                        f"a generator state must be a string, got {type(generator).__name__}"
+                    )
+                generator_from_state(generator)
+        return cls(
+            kind,
+            start,
+            plain["snapshot"],
+            int(plain["snapshot_at"]),
+            int(plain["base"]),
+            bool(plain["ended"]),
+        )
 
 
 def stateful_part(obj: object) -> bool:
@@ -100,6 +147,18 @@ def between_epochs(sampler: Any, batch_sampler: Any) -> KeysCursor:
     if stateful_part(source):
         return KeysCursor("stateful", snapshot=source.state_dict())
     return KeysCursor("skip")
+
+
+def draws_from_global(plan: EpochPlan) -> bool:
+    """Whether an epoch of a loader without a generator takes what it yields from torch's
+    global RNG: its workers' seeds, or a sampler without a generator of its own (ferry's, or
+    any with a ``generator`` attribute left None, as torch's random samplers)."""
+    if plan.num_workers > 0:
+        return True
+    source = builtin_source(plan.sampler, plan.batch_sampler)
+    if source is None:
+        source = user_source(plan.sampler, plan.batch_sampler)
+    return hasattr(source, "generator") and source.generator is None
 
 
 def restore_between_epochs(sampler: Any, batch_sampler: Any, keys: KeysCursor) -> None:
@@ -157,7 +216,7 @@ class EpochKeys(Iterator[tuple[int, Any]]):
     ) -> None:
         self._plan = plan
         self._exclude = exclude
-        self._every = max(1, snapshot_every)
+        self._every = snapshot_every  # 0: the state at the epoch's start only
         self._stateful: _Stateful | None = None
         self._run: SamplerRun | None = None
         self._builtin_sampler: Any = None
@@ -208,10 +267,13 @@ class EpochKeys(Iterator[tuple[int, Any]]):
                 yield from keys
 
             return kind, lazily()
-        keys = self._open_user(wrapped, snapshot, at, skip)
+        ended = cursor is not None and cursor.kind == "stateful" and cursor.ended
+        keys = self._open_user(wrapped, snapshot, at, skip, ended)
         return ("stateful" if self._stateful is not None else "skip"), keys
 
-    def _open_user(self, wrapped: bool, snapshot: Any, at: int, skip: int) -> Iterator[Any]:
+    def _open_user(
+        self, wrapped: bool, snapshot: Any, at: int, skip: int, ended: bool = False
+    ) -> Iterator[Any]:
         plan = self._plan
         batch_sampler = plan.batch_sampler
         source = user_source(plan.sampler, batch_sampler)
@@ -236,6 +298,9 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         )
         if self._stateful is not None:
             self._stateful.snapshots[at] = self._stateful.holder.state_dict()
+            if ended:  # every key was handed out: the state loaded is the next epoch's
+                self._watched.ended = True
+                return iter(())
         # Fast-forward past the keys after the snapshot (indices only, no sample is fetched).
         for _ in range(skip - at):
             if next(keys, _END) is _END:
@@ -256,7 +321,7 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         if not self._rebase_checked:
             self._check_rebase()
         stateful = self._stateful
-        if stateful is not None and self.taken % self._every == 0:
+        if stateful is not None and self._every and self.taken % self._every == 0:
             stateful.snapshots[self.taken] = stateful.holder.state_dict()
         if number not in self._exclude:
             return number, key
@@ -271,24 +336,6 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         except StopIteration:
             return True
         return False
-
-    def ended_at(self, count: int) -> bool:
-        """Whether the user's sampler has ended and all ``count`` keys were handed out, so
-        the epoch is over even though its end was not reached yet (a partial last batch, or
-        keys drawn ahead)."""
-        return (
-            self._watched is not None
-            and self._watched.ended
-            and self._peeked is None
-            and count == self.taken
-        )
-
-    def resumed_past_end(self) -> bool:
-        """Whether a resumed epoch has no key left, so the next epoch should begin instead;
-        never for a sampler whose epochs the user begins (``set_epoch``)."""
-        if getattr(self._builtin_sampler, "_epochs_set_by_user", False):
-            return False
-        return self.exhausted()
 
     def _check_rebase(self) -> None:
         # A built-in sampler may rewrite its start when it begins (a DistributedSampler
@@ -317,6 +364,13 @@ class EpochKeys(Iterator[tuple[int, Any]]):
             at = max(n for n in snapshots if n <= count)
             for old in [n for n in snapshots if n < at]:
                 del snapshots[old]  # never asked for again: the cursor only moves forward
+            watched = self._watched
+            ended = watched is not None and watched.ended and self._peeked is None
+            if ended and count == self.taken:
+                # Every key was handed out and the sampler's iteration is over: its state now
+                # is the one after that end (it may already describe its next epoch).
+                state = self._stateful.holder.state_dict()
+                return KeysCursor("stateful", snapshot=state, snapshot_at=count, ended=True)
             return KeysCursor("stateful", snapshot=snapshots[at], snapshot_at=at)
         return KeysCursor(self.kind)
 

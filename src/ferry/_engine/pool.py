@@ -28,7 +28,7 @@ from typing import Any
 from typing_extensions import assert_never
 
 from ferry._engine.channels import WorkerGone, WorkerMessage, open_channel
-from ferry._engine.cursor import Cursor
+from ferry._engine.cursor import Cursor, RunCounts
 from ferry._engine.failures import SkipBudget
 from ferry._engine.fetch import DROPPED
 from ferry._engine.group import (
@@ -38,7 +38,7 @@ from ferry._engine.group import (
 )
 from ferry._engine.incidents import Incidents, Task
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
-from ferry._engine.iterator import Delivery, LoaderIterator, next_epoch_start
+from ferry._engine.iterator import Delivery, LoaderIterator
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
@@ -63,14 +63,18 @@ class WorkerIterator(Incidents, LoaderIterator):
     """``num_workers > 0``: batches are made by worker processes or threads."""
 
     def __init__(
-        self, plan: EpochPlan, resume: Cursor | None = None, budget: SkipBudget | None = None
+        self,
+        plan: EpochPlan,
+        resume: Cursor | None = None,
+        budget: SkipBudget | None = None,
+        run: RunCounts | None = None,
     ) -> None:
         if not plan.prefetch_factor:
             # torch refuses it too (when the iterator is made): no batch could ever be asked.
             raise ValueError(
                 f"prefetch_factor must be >= 1 with num_workers > 0, got {plan.prefetch_factor}"
             )
-        super().__init__(plan, resume, budget)
+        super().__init__(plan, resume, budget, run)
         self._num_workers = plan.num_workers
         self._prefetch = plan.prefetch_factor
         self._in_order = plan.in_order
@@ -142,7 +146,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._first_task = self._next_task
         # Global task number of the epoch's key number 0 (tasks are numbered across epochs,
         # so results of an abandoned epoch are told apart).
-        self._epoch_base = self._next_task - self._track.position_
+        self._epoch_base = self._next_task - self._track.next_key
         self._next_yield = self._first_task
         self._in_flight = [0] * self._num_workers
         self._active = [True] * self._num_workers
@@ -162,7 +166,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         if self._fatal is not None or self._group.closed:
             raise RuntimeError("this DataLoader's persistent workers were shut down after an error")
         self._plan = plan
-        self._open_epoch(next_epoch_start(self._track.cursor, persistent=True))
+        self._open_epoch(self._track.next_epoch())
         self._reopen()
 
     def _reopen(self) -> None:

@@ -54,7 +54,7 @@ class PositionKeeper:
 
     def __init__(self, dataset: Any, snapshot_every: int, track_rng: bool) -> None:
         self._dataset = dataset
-        self._every = max(1, snapshot_every)
+        self._every = snapshot_every  # 0: never after the epoch's start
         self._dataset_stateful = stateful_part(dataset)
         # Whether a batch can change anything worth reporting (else the caller may skip
         # after_batch): a stream's count, a generator, or a user state.
@@ -97,13 +97,34 @@ class PositionKeeper:
         if self._rng is not None:
             rng = self._rng.changed()
         snapshot: Snapshot | None = None
-        if self._batches % self._every == 0 and (self._dataset_stateful or self._stream_stateful):
-            stream = fetcher.stream if isinstance(fetcher, IterableFetcher) else None
-            snapshot = Snapshot(
-                items,
-                self._dataset.state_dict() if self._dataset_stateful else None,
-                stream.state_dict() if self._stream_stateful else None,  # type: ignore[union-attr]
-            )
+        every = self._every
+        if (
+            every
+            and self._batches % every == 0
+            and (self._dataset_stateful or self._stream_stateful)
+        ):
+            snapshot = self.states(fetcher)
         if rng is None and snapshot is None and not isinstance(fetcher, IterableFetcher):
             return None
         return WorkerReport(items, rng, snapshot)
+
+    def states(self, fetcher: MapFetcher | IterableFetcher) -> Snapshot:
+        """The user states as they stand now. A stream that is the dataset itself has one
+        state, its iterator's: it is restored after ``iter(dataset)``, as torchdata does, since
+        its ``load_state_dict`` may use what ``__iter__`` sets up."""
+        if not isinstance(fetcher, IterableFetcher):
+            return Snapshot(0, self._dataset.state_dict() if self._dataset_stateful else None)
+        stream = fetcher.stream
+        own = stream is not self._dataset
+        dataset = self._dataset.state_dict() if self._dataset_stateful and own else None
+        state = stream.state_dict() if self._stream_stateful else None  # type: ignore[attr-defined]
+        if dataset is None and state is None:
+            return Snapshot()  # nothing describes the stream: a resume reads it again
+        # As torchdata: a stream with a state, or from a dataset with one, is not read again.
+        return Snapshot(fetcher.items, dataset, state)
+
+    def live(self, fetcher: MapFetcher | IterableFetcher) -> WorkerCursor:
+        """The position as it stands now, user states included (the main process's, which the
+        loader reads when its state is asked for, as torchdata does without workers)."""
+        items = fetcher.items if isinstance(fetcher, IterableFetcher) else 0
+        return WorkerCursor(items, None, self.states(fetcher))

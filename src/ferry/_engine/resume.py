@@ -1,11 +1,11 @@
 """Loading a state into a loader: what it must agree with, and fitting it to the loader.
 
-:class:`ResumableLoader` is the loader's resume API (``state_dict``, ``load_state_dict``),
-the API of torchdata's ``StatefulDataLoader``.
+:class:`Resumer` is the loader's resume side (``state_dict``, ``load_state_dict``, the API of
+torchdata's ``StatefulDataLoader``), an object each loader holds.
 
 :func:`identity_of` is what a state is checked against (see
-:func:`ferry._engine.cursor.from_plain`); :func:`warn_replay` says once that a stream without
-state will be fast-forwarded by reading.
+:meth:`ferry._engine.cursor.LoaderState.cursor_from_plain`); :func:`warn_replay` says once that
+a stream without state will be fast-forwarded by reading.
 
 Fitting a loaded state to a loader with another number of workers:
 
@@ -32,14 +32,15 @@ from typing import Any
 from ferry._engine.cursor import (
     Cursor,
     LoaderIdentity,
+    LoaderState,
+    RunCounts,
     Snapshot,
     WorkerCursor,
-    from_plain,
-    to_plain,
 )
-from ferry._engine.iterator import EpochTrack, LoaderIterator, between_epochs_cursor
+from ferry._engine.failures import SkipBudget
+from ferry._engine.iterator import EpochTrack, between_epochs_cursor
 
-__all__ = ["ResumableLoader", "fit_workers", "identity_of", "warn_replay"]
+__all__ = ["Resumer", "fit_workers", "identity_of", "warn_replay"]
 
 
 def identity_of(loader: Any) -> LoaderIdentity:
@@ -132,79 +133,73 @@ def fit_workers(cursor: Cursor, num_workers: int, dataset: Any, iterable: bool) 
     return replace(fresh, workers=tuple(every for _ in range(max(num_workers, 1))))
 
 
-class ResumableLoader:
-    """``state_dict()`` and ``load_state_dict()`` of :class:`ferry.DataLoader` (a mixin: the
-    attributes below are the loader's)."""
+class Resumer:
+    """The resume side of a :class:`ferry.DataLoader`, an object the loader holds.
 
-    dataset: Any
-    num_workers: int
-    generator: Any
-    sampler: Any
-    batch_sampler: Any
-    # The state loaded for the next iterator, the epoch track of the last iterator, and the
-    # state that iterator was loaded from (returned as it was until a batch moves it).
-    _pending: tuple[Cursor, dict[str, Any]] | None
-    _last_track: EpochTrack | None
-    _last_loaded: tuple[Cursor, dict[str, Any]] | None
-    _warned_replay: bool
-    _live_iterator: LoaderIterator | None
+    It owns what lies between iterators: the state loaded for the next iterator, and the
+    :class:`~ferry._engine.iterator.EpochTrack` of the last one (which holds no workers), so
+    ``state_dict()`` answers whether an iterator is alive, finished or gone.
+    """
 
-    @property
-    def _iterable_style(self) -> bool:
-        raise NotImplementedError
+    def __init__(self) -> None:
+        # The state loaded for the next iterator: its cursor and the dict it came from.
+        # (None for the dict: carried over by the loader itself, not loaded)
+        self.pending: tuple[Cursor, dict[str, Any] | None] | None = None
+        # The epoch track of the last iterator, and the state that iterator was loaded from
+        # (returned as it was, until a batch moves the position).
+        self.track: EpochTrack | None = None
+        self.loaded: tuple[Cursor, dict[str, Any]] | None = None
+        self.warned_replay = False
 
-    def _replace_iterator(self, iterator: LoaderIterator | None) -> None:
-        raise NotImplementedError
+    def __getstate__(self) -> dict[str, Any]:
+        # A pickled loader carries a loaded state, not a live epoch.
+        return {**self.__dict__, "track": None, "loaded": None}
 
-    def state_dict(self) -> dict[str, Any]:
-        """The position after the last batch this loader handed out, as plain data.
-
-        Load it with :meth:`load_state_dict` into this loader or a new one built the same way
-        (in another process, after a crash) and the next iterator continues exactly there:
-        the rest of the epoch, then later epochs, with the same batches, shuffles, worker seeds
-        and (process workers) random augmentations as an uninterrupted run. Taken after the
-        last batch of an epoch (or before any), the next iterator begins the next epoch in full.
-
-        The state is plain data (``json`` and ``torch.save``/``torch.load(weights_only=True)``
-        keep it), small (a few kilobytes per worker, whatever the dataset's size), and cheap to
-        take: no worker is asked, so call it as often as you like.
-
-        Example::
-
-            >>> for step, batch in enumerate(loader):
-            ...     train(batch)
-            ...     if step % 1000 == 0:
-            ...         state = {"model": model.state_dict(), "loader": loader.state_dict()}
-            ...         torch.save(state, path)
-        """
-        if self._pending is not None:
-            return copy.deepcopy(self._pending[1])
-        track = self._last_track
+    def state_dict(self, loader: Any) -> dict[str, Any]:
+        """``loader.state_dict()``: see :meth:`ferry.DataLoader.state_dict`."""
+        if self.pending is not None:
+            cursor, loaded = self.pending
+            if loaded is not None:
+                return copy.deepcopy(loaded)
+            return LoaderState(identity_of(loader), cursor).to_plain()
+        track = self.track
         if track is None:  # before the first epoch: the generators as they stand now
             cursor = between_epochs_cursor(
-                Cursor(num_workers=self.num_workers),
-                self.generator,
-                self.sampler,
-                self.batch_sampler,
+                Cursor(num_workers=loader.num_workers),
+                loader.generator,
+                loader.sampler,
+                loader.batch_sampler,
             )
         else:
-            cursor = track.position()
-            if self._last_loaded is not None and cursor is self._last_loaded[0]:
-                return copy.deepcopy(self._last_loaded[1])
-        return to_plain(cursor, identity_of(self))
+            cursor = track.save()
+            if self.loaded is not None and cursor is self.loaded[0]:
+                return copy.deepcopy(self.loaded[1])
+        return LoaderState(identity_of(loader), cursor).to_plain()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Make the next iterator start where ``state_dict`` (from :meth:`state_dict`) was taken.
+    def load_state_dict(self, loader: Any, state_dict: dict[str, Any]) -> None:
+        """``loader.load_state_dict()``: see :meth:`ferry.DataLoader.load_state_dict`."""
+        cursor = LoaderState.cursor_from_plain(state_dict, identity_of(loader))
+        iterable = loader._iterable_style
+        cursor = fit_workers(cursor, loader.num_workers, loader.dataset, iterable)
+        if not self.warned_replay:
+            self.warned_replay = warn_replay(cursor, loader.dataset, iterable)
+        self.pending = (cursor, copy.deepcopy(state_dict))
 
-        The loader may have another ``num_workers`` than the one the state came from (map-style
-        datasets; for streams see the README), and a :class:`~ferry.DistributedSampler` another
-        world size. Raises ValueError when the state does not fit this loader (another dataset
-        length, batch size, sampler kind, ...), naming what differs.
-        """
-        cursor = from_plain(state_dict, identity_of(self))
-        cursor = fit_workers(cursor, self.num_workers, self.dataset, self._iterable_style)
-        if not self._warned_replay:
-            self._warned_replay = warn_replay(cursor, self.dataset, self._iterable_style)
-        self._pending = (cursor, copy.deepcopy(state_dict))
-        if self._live_iterator is not None:
-            self._replace_iterator(None)  # persistent workers: the next iter() starts there
+    def carry_over(self) -> None:
+        """Make the next iterator begin the next epoch as the last one would have (a change of
+        ``num_workers`` between epochs: persistent workers keep their base seed)."""
+        if self.track is not None and self.pending is None:
+            cursor = self.track.next_epoch()
+            self.pending = (cursor, None)
+
+    def take_pending(self) -> tuple[Cursor | None, SkipBudget | None, RunCounts | None]:
+        """What the next iterator starts from: a loaded cursor (or None), and the run's
+        budget and counts, carried from the last iterator."""
+        pending, self.pending = self.pending, None
+        self.loaded = None
+        if pending is not None and pending[1] is not None:
+            self.loaded = (pending[0], pending[1])
+        track = self.track
+        budget = track.budget if track is not None else None
+        run = track.save().run if track is not None else None
+        return (pending[0] if pending is not None else None), budget, run
