@@ -224,7 +224,10 @@ class Cursor:
             turn=int(epoch["turn"]),
             num_workers=int(state["loader"]["num_workers"]),
             workers=tuple(WorkerCursor.from_plain(w) for w in state["workers"]),
-            run=RunCounts.from_plain(state["errors"], state["epoch_starts"]),
+            # (both may be left out: a state with neither starts a fresh budget)
+            run=RunCounts.from_plain(
+                state.get("errors", {"skipped": 0, "seen": 0}), state.get("epoch_starts", [])
+            ),
         )
         if cursor.position < 0 or len(cursor.workers) not in (0, max(cursor.num_workers, 1)):
             raise ValueError("its position or worker list is invalid")
