@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sized
-from typing import TypeVar
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed
@@ -30,7 +30,7 @@ import torch.distributed
 from ferry._engine.info import get_worker_info
 from ferry._torch_types import TorchDistributedSampler
 from ferry._validate import as_int, check_bool
-from ferry.samplers import SamplerRun, TensorChunkSampler
+from ferry.samplers import SamplerRun, TensorChunkSampler, _IterationState, _state_int
 
 __all__ = [
     "DatasetLengthChangedError",
@@ -114,7 +114,7 @@ def _required_from_group(option: str) -> tuple[int, int]:
     )
 
 
-class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
+class DistributedSampler(_IterationState, TensorChunkSampler, TorchDistributedSampler[int]):
     """Yields the part of a map-style dataset's indices that belongs to one rank.
 
     The indices ``0 .. len(dataset) - 1`` (shuffled with a generator seeded with
@@ -157,6 +157,12 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
     since construction, and ``AssertionError`` (or ``ValueError``) when ``rank`` or
     ``num_replicas`` was reassigned to a split that does not fit ``num_samples``.
 
+    Stateful, as torchdata's ``StatefulDistributedSampler`` is: :meth:`state_dict` is
+    ``{"yielded": k, "epoch": e, "num_replicas": r, "done": d}`` (``d`` is 0 unless the epoch
+    was resumed with another world size) and :meth:`load_state_dict` makes the next
+    ``iter(sampler)`` continue the saved epoch after ``k`` of this rank's indices. torchdata's
+    ``{"yielded": k}`` loads too: it skips ``k`` indices of the epoch ``set_epoch`` set.
+
     Example::
 
         >>> sampler = DistributedSampler(range(5), num_replicas=2, rank=1)
@@ -169,6 +175,8 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
 
     # Epochs are the user's to begin (set_epoch): a resumed epoch never rolls over by itself.
     _epochs_set_by_user = True
+    # What a state_dict() holds besides "yielded": what fixes the epoch's order.
+    _state_keys = ("epoch", "num_replicas", "done")
     # Any sized object, as torch accepts too (its annotation says Dataset).
     dataset: Sized  # type: ignore[assignment]
     num_replicas: int
@@ -253,6 +261,72 @@ class DistributedSampler(TensorChunkSampler, TorchDistributedSampler[int]):
 
     def __len__(self) -> int:
         return self.num_samples
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next ``iter(sampler)`` continue the saved epoch after ``"yielded"`` indices.
+
+        A state with ``"epoch"`` (as :meth:`state_dict` returns) sets :attr:`epoch` to it,
+        so iterations after the resumed one go on as in the uninterrupted run; a later
+        :meth:`set_epoch` with another epoch starts that epoch afresh instead. A state saved
+        with another ``num_replicas`` deals the saved epoch's unused indices over this
+        sampler's ranks (every rank must load the state of its old rank with the same
+        ``"yielded"``: ranks step in lockstep). torchdata's ``{"yielded": k}`` skips ``k`` of
+        this rank's indices of the current epoch, as ``StatefulDistributedSampler`` does.
+
+        Raises:
+            ValueError: ``Invalid state_dict``, naming the key that is missing, unexpected
+                or has the wrong value.
+
+        Example::
+
+            >>> sampler = DistributedSampler(range(10), num_replicas=2, rank=0)
+            >>> sampler.set_epoch(3)
+            >>> it = iter(sampler)
+            >>> next(it), next(it)
+            (6, 3)
+            >>> resumed = DistributedSampler(range(10), num_replicas=2, rank=0)
+            >>> resumed.load_state_dict(sampler.state_dict())
+            >>> resumed.epoch, list(resumed)
+            (3, [8, 1, 2])
+        """
+        super().load_state_dict(state)
+        start = self._resume.start if self._resume is not None else None
+        if start is not None:
+            self.epoch = int(start["epoch"])
+
+    def _next_start(self) -> dict[str, Any] | None:
+        return {"epoch": self.epoch, "num_replicas": self.num_replicas, "done": 0}
+
+    def _start_to_state(self, start: dict[str, Any]) -> dict[str, Any]:
+        return {key: int(start[key]) for key in ("epoch", "num_replicas", "done")}
+
+    def _state_to_start(self, state: Mapping[str, Any]) -> dict[str, Any] | None:
+        if not any(key in state for key in self._state_keys):
+            return None  # torchdata's {"yielded": k}: the epoch set when iteration begins
+        if "epoch" not in state:
+            got = sorted(map(str, state))
+            raise ValueError(
+                "Invalid state_dict: the key 'epoch' is missing; 'num_replicas' and 'done' "
+                f"describe a saved epoch, so give its 'epoch' too; got keys {got}"
+            )
+        return {
+            "epoch": _state_int(state, "epoch", "the saved iteration's epoch"),
+            "num_replicas": (
+                _state_int(state, "num_replicas", "the world size it was saved with", 1)
+                if "num_replicas" in state
+                else self.num_replicas
+            ),
+            "done": (
+                _state_int(state, "done", "positions used before the saved iteration", 0)
+                if "done" in state
+                else 0
+            ),
+        }
+
+    def _check_yielded(self, yielded: int, start: dict[str, Any] | None) -> None:
+        # Resumed with another world size, or after such a resume, a rank's share differs.
+        if start is None or (start["num_replicas"] == self.num_replicas and not start["done"]):
+            super()._check_yielded(yielded, start)
 
     def _index_chunks(self) -> Iterator[torch.Tensor]:
         """This rank's indices as one 1-D ``int64`` tensor (the sequence ``__iter__`` yields)."""
