@@ -301,11 +301,10 @@ class EpochKeys(Iterator[tuple[int, Any]]):
             if ended:  # every key was handed out: the state loaded is the next epoch's
                 self._watched.ended = True
                 return iter(())
-        # Fast-forward past the keys after the snapshot (indices only, no sample is fetched).
-        for _ in range(skip - at):
-            if next(keys, _END) is _END:
-                break
-        return keys
+        # Fast-forward past the keys after the snapshot (indices only, no sample is fetched),
+        # when the first key is asked for: after the epoch's base seed was drawn, as torchdata
+        # fast-forwards, so a sampler that draws from torch's global RNG draws what it drew.
+        return _skipping(keys, skip - at) if skip > at else keys
 
     # -- iteration -----------------------------------------------------------------------------
 
@@ -376,3 +375,10 @@ class EpochKeys(Iterator[tuple[int, Any]]):
 
 
 _END = object()
+
+
+def _skipping(keys: Iterator[Any], count: int) -> Iterator[Any]:
+    for _ in range(count):
+        if next(keys, _END) is _END:
+            return
+    yield from keys
