@@ -163,6 +163,9 @@ class Cursor:
     """
 
     started: bool = False
+    # The epoch under way had ended (StopIteration): a resume goes through it, drawing what it
+    # drew (as torchdata's loader recreates a finished iterator), then begins the next one.
+    finished: bool = False
     base_seed: int | None = None
     seed_drawn: bool = True
     generator: str | None = None
@@ -197,6 +200,7 @@ class Cursor:
     def to_plain(self) -> dict[str, Any]:
         return {
             "started": self.started,
+            "finished": self.finished,
             "base_seed": self.base_seed if self.num_workers else None,
             "seed_drawn": self.seed_drawn,
             "generator": self.generator,
@@ -215,6 +219,7 @@ class Cursor:
             generator_from_state(generator)
         cursor = cls(
             started=bool(epoch["started"]),
+            finished=bool(epoch.get("finished", False)),
             base_seed=_int_or_none(epoch["base_seed"]),
             seed_drawn=bool(epoch["seed_drawn"]),
             generator=generator,

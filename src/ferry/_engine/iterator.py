@@ -142,12 +142,8 @@ class EpochTrack:
         """
         if self.loaded is not None and self.yielded == 0 and not self.finished:
             return self.loaded
-        plan = self.plan
-        if self.finished:
-            return between_epochs_cursor(
-                self.next_epoch(), plan.generator, plan.sampler, plan.batch_sampler
-            )
-        return replace(self._current(), keys=self.keys.cursor_at(self.next_key))
+        current = replace(self._current(), keys=self.keys.cursor_at(self.next_key))
+        return replace(current, finished=True) if self.finished else current
 
     def next_epoch(self) -> Cursor:
         """The cursor that begins the next epoch from here, with the generators as they stand."""
@@ -244,6 +240,11 @@ class LoaderIterator:
             start = replace(start, run=replace(start.run, epoch_starts=run.epoch_starts))
         self._carried_budget = budget
         self._open_epoch(start)
+        if start.finished:
+            # The saved epoch had ended: go through it (its keys are drawn and skipped, as
+            # torchdata's loader does with a finished iterator), then begin the next one.
+            self._track.keys.exhausted()
+            self._open_epoch(self._track.next_epoch())
         self._track.loaded = resume
 
     # -- the epoch and its cursor --------------------------------------------------------------
@@ -417,7 +418,8 @@ class LoaderIterator:
         reads it to know where an epoch is); a resumed epoch counts those before the resume."""
         track = self._track
         loaded = track.loaded
-        before = 0 if loaded is None else loaded.position + len(loaded.ahead)
+        resumed = loaded is not None and loaded.started and not loaded.finished
+        before = loaded.position + len(loaded.ahead) if resumed and loaded is not None else 0
         return before + track.yielded
 
     def _shutdown_workers(self) -> None:
