@@ -28,9 +28,10 @@ import torch
 import torch.distributed
 
 from ferry._engine.info import get_worker_info
+from ferry._sampler_state import SamplerRun, _IterationState, _state_int
 from ferry._torch_types import TorchDistributedSampler
 from ferry._validate import as_int, check_bool
-from ferry.samplers import SamplerRun, TensorChunkSampler, _IterationState, _state_int
+from ferry.samplers import TensorChunkSampler
 
 __all__ = [
     "DatasetLengthChangedError",
