@@ -157,8 +157,12 @@ class EpochTrack:
             ahead=frozenset(self.ahead),
             turn=self.turn,
             workers=(self.live(),) if self.live is not None else tuple(self.workers),
-            run=replace(fixed.run, skipped=self.budget.skipped, seen=self.budget.seen),
+            run=self.run_counts(),
         )
+
+    def run_counts(self) -> RunCounts:
+        """What spans the run, as it stands now (carried to the next iterator)."""
+        return replace(self._fixed.run, skipped=self.budget.skipped, seen=self.budget.seen)
 
 
 def between_epochs_cursor(

@@ -201,5 +201,5 @@ class Resumer:
             self.loaded = (pending[0], pending[1])
         track = self.track
         budget = track.budget if track is not None else None
-        run = track.save().run if track is not None else None
+        run = track.run_counts() if track is not None else None
         return (pending[0] if pending is not None else None), budget, run
