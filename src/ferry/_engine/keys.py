@@ -15,7 +15,10 @@ handed out, how to start again right after them (:meth:`EpochKeys.cursor_at`), a
     taken every ``snapshot_every`` keys; a resume loads the last snapshot at or before ``n`` and
     skips the keys after it.
 ``skip``
-    any other sampler: a resume iterates it afresh and skips ``n`` keys (indices only).
+    any other sampler: a resume iterates it afresh and skips ``n`` keys (indices only). One
+    with a ``torch.Generator`` of its own (torch's ``RandomSampler(generator=g)`` and the like:
+    a ``generator`` attribute) has that generator's state kept from when its iteration began,
+    and put back before the resume iterates it, so it draws the epoch's order again.
 ``stream``
     an iterable-style dataset: keys are only batch sizes; the workers' streams hold the
     position.
@@ -31,7 +34,7 @@ from typing import Any, Literal
 import torch
 
 from ferry._engine.plan import EpochPlan
-from ferry._engine.rng import generator_from_state, set_generator_state
+from ferry._engine.rng import generator_from_state, generator_state, set_generator_state
 from ferry.samplers import (
     SamplerRun,
     batched,
@@ -71,6 +74,9 @@ class KeysCursor:
     # (stateful) the sampler had ended when the cursor was taken: its state may already
     # describe the next epoch, so a resume loads it and hands out no key
     ended: bool = False
+    # (skip) the state of the sampler's own torch.Generator when its iteration began (between
+    # epochs: as it stands); None when it has none (see foreign_generator)
+    sampler_generator: str | None = None
 
     def to_plain(self) -> dict[str, Any]:
         return {
@@ -80,6 +86,7 @@ class KeysCursor:
             "snapshot_at": self.snapshot_at,
             "base": self.base,
             "ended": self.ended,
+            "sampler_generator": self.sampler_generator,
         }
 
     @classmethod
@@ -100,6 +107,12 @@ class KeysCursor:
                         f"a generator state must be a string, got {type(generator).__name__}"
                     )
                 generator_from_state(generator)
+        # (a state saved before sampler_generator existed has none: it loads as before)
+        own = plain.get("sampler_generator")
+        if own is not None:
+            if not isinstance(own, str):
+                raise TypeError(f"a generator state must be a string, got {type(own).__name__}")
+            generator_from_state(own)
         return cls(
             kind,
             start,
@@ -107,6 +120,7 @@ class KeysCursor:
             int(plain["snapshot_at"]),
             int(plain["base"]),
             bool(plain["ended"]),
+            own,
         )
 
 
@@ -135,10 +149,23 @@ def user_source(sampler: Any, batch_sampler: Any) -> Any:
     return batch_sampler if batch_sampler is not None else sampler
 
 
-def between_epochs(sampler: Any, batch_sampler: Any) -> KeysCursor:
+def foreign_generator(source: Any, loader_generator: Any) -> torch.Generator | None:
+    """The ``torch.Generator`` of its own that a user's sampler without state draws from (as
+    torch's ``RandomSampler``, ``SubsetRandomSampler`` and ``WeightedRandomSampler`` given
+    ``generator=``), looked for on the sampler and on the sampler a batch sampler wraps. None
+    without one, and for the loader's own generator (restored with the loader's state)."""
+    for holder in (source, getattr(source, "sampler", None)):
+        generator = getattr(holder, "generator", None)
+        if isinstance(generator, torch.Generator):
+            return None if generator is loader_generator else generator
+    return None
+
+
+def between_epochs(sampler: Any, batch_sampler: Any, loader_generator: Any = None) -> KeysCursor:
     """How the next epoch's keys start, between epochs: a built-in sampler's generator as it
     stands, or a stateful user sampler's state as it stands (a new iteration of a sampler
-    whose state lives in its iterator starts afresh anyway)."""
+    whose state lives in its iterator starts afresh anyway), or the state of another user
+    sampler's own generator as it stands."""
     source = builtin_source(sampler, batch_sampler)
     if source is not None:
         start = pending_start(source)
@@ -146,7 +173,8 @@ def between_epochs(sampler: Any, batch_sampler: Any) -> KeysCursor:
     source = user_source(sampler, batch_sampler)
     if stateful_part(source):
         return KeysCursor("stateful", snapshot=source.state_dict())
-    return KeysCursor("skip")
+    own = foreign_generator(source, loader_generator)
+    return KeysCursor("skip", sampler_generator=None if own is None else generator_state(own))
 
 
 def draws_from_global(plan: EpochPlan) -> bool:
@@ -170,6 +198,10 @@ def restore_between_epochs(sampler: Any, batch_sampler: Any, keys: KeysCursor) -
     start = keys.start if keys.kind == "builtin" else None
     if start and "generator" in start and isinstance(generator, torch.Generator):
         set_generator_state(generator, start["generator"])
+    if keys.kind == "skip" and keys.sampler_generator is not None and source is None:
+        own = foreign_generator(user_source(sampler, batch_sampler), None)
+        if own is not None:
+            set_generator_state(own, keys.sampler_generator)
 
 
 class _Watched(Iterator[Any]):
@@ -226,6 +258,11 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         self.taken = position  # numbers handed out (or skipped) so far
         self._peeked: tuple[int, Any] | None = None
         self._watched: _Watched | None = None
+        # (skip) the user sampler's own generator: the state to put back before iterating it
+        # (a resume), and its state when this iteration began (for the cursor)
+        skipping = cursor is not None and cursor.kind == "skip"
+        self._restore_generator = cursor.sampler_generator if skipping and cursor else None
+        self._generator_start: str | None = None
         self.kind, self._keys = self._open(tensor_batches, cursor, self._skip)
 
     # -- opening -------------------------------------------------------------------------------
@@ -283,6 +320,11 @@ class EpochKeys(Iterator[tuple[int, Any]]):
             it = iter(source)
             self._stateful = _Stateful(source)
         else:
+            own = foreign_generator(source, plan.generator)
+            if own is not None:
+                if self._restore_generator is not None:
+                    set_generator_state(own, self._restore_generator)
+                self._generator_start = generator_state(own)
             it = iter(source)
             if stateful_part(it):
                 if snapshot is not None:
@@ -358,7 +400,7 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         if self.kind == "stateful":
             if self._stateful is None:  # opened lazily and not yet: its state as it stands
                 plan = self._plan
-                return between_epochs(plan.sampler, plan.batch_sampler)
+                return between_epochs(plan.sampler, plan.batch_sampler, plan.generator)
             snapshots = self._stateful.snapshots
             at = max(n for n in snapshots if n <= count)
             for old in [n for n in snapshots if n < at]:
@@ -371,6 +413,14 @@ class EpochKeys(Iterator[tuple[int, Any]]):
                 state = self._stateful.holder.state_dict()
                 return KeysCursor("stateful", snapshot=state, snapshot_at=count, ended=True)
             return KeysCursor("stateful", snapshot=snapshots[at], snapshot_at=at)
+        if self.kind == "skip":
+            began = self._generator_start
+            if began is None and self._watched is None:  # opened lazily and not yet
+                own = foreign_generator(
+                    user_source(self._plan.sampler, self._plan.batch_sampler), self._plan.generator
+                )
+                began = None if own is None else generator_state(own)
+            return KeysCursor("skip", sampler_generator=began)
         return KeysCursor(self.kind)
 
 
