@@ -382,6 +382,11 @@ WORKER_CASES: list[tuple[Setup, list[SavePoint]]] = [
     ),
     (Setup("counting", "torch_random_gen", 3, True, "persistent", 0), [_p("mid", 0, 1)]),
     (Setup("counting", "default", None, False, "process", 0), [_p("after_loop", 1)]),
+    # a stateful dataset's workers fetch again the batches made since their snapshot; a
+    # persistent worker's states are taken as each epoch begins
+    (Setup("counting", "default", 3, False, "persistent", 3), [_p("mid", 1, 1), _p("last", 1)]),
+    (Setup("counting", "torch_random_gen", 3, False, "persistent", 0), [_p("mid", 2, -1)]),
+    (Setup("counting", "default", 4, False, "process", 0), [_p("mid", 1, -1, "before_iter")]),
     # map-style, thread workers (ferry) against process workers (SDL)
     (Setup("plain", "default", 3, False, "thread", 1), [_p("mid", 0, 1), _p("last", 1)]),
     (Setup("plain", "default", None, False, "thread", 0), [_p("after_iter", 2)]),

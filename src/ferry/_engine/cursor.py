@@ -84,28 +84,66 @@ class Snapshot:
         return cls(int(plain["items"]), plain["dataset"], plain["stream"])
 
 
+# Key numbers as runs: (first, step, count), the numbers first, first + step, ... (count of them).
+Runs = tuple[tuple[int, int, int], ...]
+
+
+def add_number(runs: Runs, number: int) -> Runs:
+    """``runs`` with ``number`` added after the others (a worker's keys come in steps of the
+    worker count: one run per epoch, as a rule)."""
+    if runs:
+        first, step, count = runs[-1]
+        if count == 1 and number > first:
+            return (*runs[:-1], (first, number - first, 2))
+        if number == first + step * count:
+            return (*runs[:-1], (first, step, count + 1))
+    return (*runs, (number, 1, 1))
+
+
+def run_numbers(runs: Runs) -> list[int]:
+    """The numbers ``runs`` holds, in order."""
+    return [first + step * i for first, step, count in runs for i in range(count)]
+
+
 @dataclass(frozen=True)
 class WorkerCursor:
     """One worker's position after the last batch the user received from it.
 
     ``items``: samples its stream has handed out this epoch (iterable-style datasets);
     ``rng``: its process's generators (None: as seeded); ``snapshot``: its last snapshot.
+    ``since`` (a map-style dataset with a state of its own, process workers): the numbers of
+    the epoch's keys it fetched since that snapshot, as runs: a resumed worker fetches them
+    again after loading the snapshot, so the dataset's state moves on as it did. ``replay``:
+    keys to fetch again before those, found when a resume went through an ended epoch (not
+    saved: the worker reports its states once it has fetched them, see ``pool.py``).
     """
 
     items: int = 0
     rng: ProcessRng | None = None
     snapshot: Snapshot = field(default_factory=Snapshot)
+    since: Runs = ()
+    replay: tuple[Any, ...] = field(default=(), compare=False)
 
-    def between_epochs(self, keep_rng: bool) -> WorkerCursor:
+    def fetched(self, number: int) -> WorkerCursor:
+        """This position after the worker fetched key ``number`` and took no snapshot."""
+        return replace(self, since=add_number(self.since, number))
+
+    def between_epochs(self, keep_rng: bool, keys: dict[int, Any] | None = None) -> WorkerCursor:
         """This worker as the next epoch finds it: its stream starts again; its dataset (and,
-        with ``keep_rng``, its generators) go on as they are."""
-        return WorkerCursor(0, self.rng if keep_rng else None, Snapshot(0, self.snapshot.dataset))
+        with ``keep_rng``, its generators) go on as they are. ``keys``: the ended epoch's keys
+        by number, when a resume went through it: the worker fetches those in ``since`` again."""
+        replay = self.replay
+        if keys and self.since:
+            replay = (*replay, *(keys[n] for n in run_numbers(self.since) if n in keys))
+        rng = self.rng if keep_rng else None
+        return WorkerCursor(0, rng, Snapshot(0, self.snapshot.dataset), replay=replay)
 
     def to_plain(self) -> dict[str, Any]:
         return {
             "items": self.items,
             "rng": None if self.rng is None else self.rng.to_plain(),
             "snapshot": self.snapshot.to_plain(),
+            "since": [list(run) for run in self.since],
         }
 
     @classmethod
@@ -113,7 +151,11 @@ class WorkerCursor:
         rng = None if plain["rng"] is None else ProcessRng.from_plain(plain["rng"])
         if rng is not None and len(rng.torch_state) != torch.get_rng_state().numel():
             raise ValueError("a worker's torch generator state has the wrong size")
-        return cls(int(plain["items"]), rng, Snapshot.from_plain(plain["snapshot"]))
+        # (a state saved before "since" existed has none: it loads as before)
+        since = tuple((int(a), int(b), int(c)) for a, b, c in plain.get("since", ()))
+        if any(a < 0 or b < 1 or c < 1 for a, b, c in since):
+            raise ValueError("a worker's key numbers are invalid")
+        return cls(int(plain["items"]), rng, Snapshot.from_plain(plain["snapshot"]), since)
 
 
 @dataclass(frozen=True)
@@ -182,18 +224,19 @@ class Cursor:
         """A fresh loader's position: nothing to restore, everything drawn anew."""
         return cls()
 
-    def next_epoch(self, persistent: bool) -> Cursor:
+    def next_epoch(self, persistent: bool, keys: dict[int, Any] | None = None) -> Cursor:
         """The cursor of the epoch after this one, drawing from the generators as they stand.
 
         Persistent workers keep their base seed, their generators and their datasets; the main
-        process (``num_workers=0``) keeps its dataset, as an uninterrupted run does.
+        process (``num_workers=0``) keeps its dataset, as an uninterrupted run does. ``keys``:
+        see :meth:`WorkerCursor.between_epochs`.
         """
         keep = persistent or self.num_workers == 0
         return Cursor(
             base_seed=self.base_seed if persistent else None,
             seed_drawn=not persistent,
             num_workers=self.num_workers,
-            workers=tuple(w.between_epochs(persistent) for w in self.workers) if keep else (),
+            workers=tuple(w.between_epochs(persistent, keys) for w in self.workers) if keep else (),
             run=self.run,
         )
 

@@ -70,6 +70,7 @@ class Incidents:
     _configs: list[WorkerConfig]
     _tasks: dict[int, Task]
     _latest: list[WorkerCursor]
+    _replaced: set[int]
     _next_yield: int
     _restarts: int
     _stall: float | None
@@ -153,10 +154,12 @@ class Incidents:
             raise died from None
         self._restarts += 1
         worker_id = dead.worker_id
+        self._replaced.add(worker_id)
         position = self._latest[worker_id]
         config = replace(
             self._configs[worker_id],
             resume=None if position == WorkerCursor() else position,
+            replay=(),  # (the keys since its snapshot are not kept: it resumes at the snapshot)
             parent_pid=os.getpid(),
         )
         context = self._plan.multiprocessing_context or multiprocessing.get_context()

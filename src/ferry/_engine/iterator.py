@@ -28,7 +28,13 @@ from typing import Any, NamedTuple
 import torch
 
 from ferry._engine.alloc import using_allocator
-from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor, global_rng_fingerprint
+from ferry._engine.cursor import (
+    Cursor,
+    RunCounts,
+    WorkerCursor,
+    global_rng_fingerprint,
+    run_numbers,
+)
 from ferry._engine.failures import SkipBudget
 from ferry._engine.fetch import (
     DROPPED,
@@ -147,7 +153,8 @@ class EpochTrack:
 
     def next_epoch(self) -> Cursor:
         """The cursor that begins the next epoch from here, with the generators as they stand."""
-        return self._current().next_epoch(self.plan.persistent_workers)
+        # (a resume that went through an ended epoch found the keys its workers fetch again)
+        return self._current().next_epoch(self.plan.persistent_workers, self.keys.recovered)
 
     def _current(self) -> Cursor:
         fixed = self._fixed
@@ -277,6 +284,7 @@ class LoaderIterator:
             set_generator_state(generator, start.generator)
         position = start.position if start.started else 0
         ahead = start.ahead if start.started else frozenset()
+        resumed = self._resumed_workers(start)
         keys = EpochKeys(
             plan,
             self._gathers,
@@ -284,6 +292,8 @@ class LoaderIterator:
             position=position,
             exclude=ahead,
             snapshot_every=plan.snapshot_every,
+            # keys the workers fetched since their snapshots, fetched again (see WorkerCursor)
+            recover=frozenset(n for w in resumed for n in run_numbers(w.since) if n < position),
         )
         base_seed = start.base_seed
         seed_drawn = start.seed_drawn or base_seed is None
@@ -310,7 +320,7 @@ class LoaderIterator:
             ahead=ahead,
             turn=start.turn % workers if start.started else 0,
             num_workers=plan.num_workers,
-            workers=self._resumed_workers(start),
+            workers=resumed,
             run=run,
         )
         if getattr(self, "_track", None) is None:

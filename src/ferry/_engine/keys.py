@@ -234,6 +234,9 @@ class EpochKeys(Iterator[tuple[int, Any]]):
     ``exclude`` holds numbers of keys already handed out past ``position`` (out of order): they are
     drawn and dropped. ``iter()`` is called on the sampler here, eagerly, as torch does when an
     iterator is made; with ``tensor_batches``, a built-in batch sampler hands out index tensors.
+    ``recover`` holds numbers below ``position`` whose keys a resumed worker fetches again: the
+    fast-forward walks through them and keeps them in ``recovered`` (a stateful sampler's from
+    its snapshot on only).
     """
 
     def __init__(
@@ -245,8 +248,11 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         position: int = 0,
         exclude: frozenset[int] = frozenset(),
         snapshot_every: int = 1,
+        recover: frozenset[int] = frozenset(),
     ) -> None:
         self._plan = plan
+        self._recover = recover
+        self.recovered: dict[int, Any] = {}
         self._exclude = exclude
         self._every = snapshot_every  # 0: the state at the epoch's start only
         self._stateful: _Stateful | None = None
@@ -254,6 +260,7 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         self._builtin_sampler: Any = None
         self.base = cursor.base if cursor is not None else 0
         self._skip = position - self.base  # keys to skip past the cursor's start
+        self._asked_skip = self._skip  # what the built-in sampler was asked to slice off
         self._rebase_checked = False
         self.taken = position  # numbers handed out (or skipped) so far
         self._peeked: tuple[int, Any] | None = None
@@ -276,19 +283,25 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         batch_sampler, sampler = plan.batch_sampler, plan.sampler
         start = cursor.start if cursor is not None and cursor.kind == "builtin" else None
         builtin = builtin_source(sampler, batch_sampler)
+        # Keys to recover are walked through: only those before the first are sliced off.
+        fast = skip
+        if self._recover:
+            fast = max(0, min(skip, min(self._recover) - self.base))
+        self._asked_skip = fast
         if builtin is not None and batch_sampler is None:
-            self._run = SamplerRun(start, skip)
+            self._run = SamplerRun(start, fast)
             self._builtin_sampler = sampler
-            return "builtin", run_keys(sampler, self._run)
+            return "builtin", self._walk(run_keys(sampler, self._run), skip - fast, fast)
         if builtin is not None:
             size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
-            self._run = SamplerRun(start, skip * size)
+            self._run = SamplerRun(start, fast * size)
             self._builtin_sampler = builtin
             if tensor_batches:
                 batches = index_batches(batch_sampler, self._run)
                 if batches is not None:
-                    return "builtin", batches
-            return "builtin", batched(run_keys(batch_sampler.sampler, self._run), size, drop_last)
+                    return "builtin", self._walk(batches, skip - fast, fast)
+            keys = batched(run_keys(batch_sampler.sampler, self._run), size, drop_last)
+            return "builtin", self._walk(keys, skip - fast, fast)
         # A user's sampler: stateful or not. ferry's BatchSampler around a user's sampler is
         # opened here so the state is the inner sampler's; its iter() runs at the first batch,
         # as in BatchSampler.__iter__ (torch's too), unless a resume needs it now.
@@ -346,7 +359,22 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         # Fast-forward past the keys after the snapshot (indices only, no sample is fetched),
         # when the first key is asked for: after the epoch's base seed was drawn, as torchdata
         # fast-forwards, so a sampler that draws from torch's global RNG draws what it drew.
-        return _skipping(keys, skip - at) if skip > at else keys
+        return self._walk(keys, skip - at, at) if skip > at else keys
+
+    def _walk(self, keys: Iterator[Any], count: int, first: int) -> Iterator[Any]:
+        """``keys`` (from key ``first`` past the start) without their first ``count``, keeping
+        those to recover."""
+        if not count:
+            return keys
+        return _skipping(keys, count, self.base + first, self._recover, self.recovered)
+
+    def take_recovered(self) -> dict[int, Any]:
+        """The keys recovered so far (see ``recover``), handed over once: the fast-forward is
+        made now if it was not yet (the base seed is drawn by then)."""
+        if self._recover and not self.recovered:
+            self.exhausted()
+        recovered, self.recovered = self.recovered, {}
+        return recovered
 
     # -- iteration -----------------------------------------------------------------------------
 
@@ -383,7 +411,7 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         # resumed with another world size): the keys skipped so far then precede the start.
         self._rebase_checked = True
         run = self._run
-        if run is not None and self._skip and run.skip == 0:
+        if run is not None and self._asked_skip and run.skip == 0:
             self.base += self._skip
 
     # -- the cursor ----------------------------------------------------------------------------
@@ -427,8 +455,19 @@ class EpochKeys(Iterator[tuple[int, Any]]):
 _END = object()
 
 
-def _skipping(keys: Iterator[Any], count: int) -> Iterator[Any]:
-    for _ in range(count):
-        if next(keys, _END) is _END:
+def _skipping(
+    keys: Iterator[Any],
+    count: int,
+    first: int = 0,
+    wanted: frozenset[int] = frozenset(),
+    kept: dict[int, Any] | None = None,
+) -> Iterator[Any]:
+    """``keys`` without their first ``count``; those numbered (from ``first``) in ``wanted`` are
+    kept in ``kept``."""
+    for number in range(first, first + count):
+        key = next(keys, _END)
+        if key is _END:
             return
+        if kept is not None and number in wanted:
+            kept[number] = key
     yield from keys

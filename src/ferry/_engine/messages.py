@@ -106,6 +106,10 @@ class Stack:
 class Ready:
     worker_id: int
     pid: int
+    # The user states as the worker's epoch begins (after what it fetched again on resume):
+    # sent by a process worker over a map-style dataset with a state of its own, when it starts
+    # and when a persistent worker begins an epoch (see WorkerConfig.report_start).
+    states: Any = None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any
 from typing_extensions import assert_never
 
 from ferry._engine.channels import WorkerGone, WorkerMessage, open_channel
-from ferry._engine.cursor import Cursor, RunCounts
+from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor, run_numbers
 from ferry._engine.failures import SkipBudget
 from ferry._engine.fetch import DROPPED
 from ferry._engine.group import (
@@ -39,6 +39,7 @@ from ferry._engine.group import (
 from ferry._engine.incidents import Incidents, Task
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import Delivery, LoaderIterator
+from ferry._engine.keys import stateful_part
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
@@ -89,6 +90,12 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._waiting_since = 0.0  # when the loop began waiting for the batch it waits for
         self._stall_reported = False
         self._stacks: dict[int, Stack] = {}  # workers' answers to a stall report's request
+        # A map-style dataset with a state of its own in process workers: each worker's cursor
+        # keeps the keys it fetched since its last snapshot (fetched again on resume), and its
+        # states as each epoch begins (see WorkerCursor.since).
+        self._replays = (
+            not self._threads and not plan.iterable_style and stateful_part(plan.dataset)
+        )
         self._start_group()
 
     def _start_group(self) -> None:
@@ -96,6 +103,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         plan = self._plan
         named = not self._threads and named_slabs()
         self._group.named_slabs = named
+        recovered = self._track.keys.take_recovered()
         configs = [
             WorkerConfig(
                 worker_id=i,
@@ -114,6 +122,8 @@ class WorkerIterator(Incidents, LoaderIterator):
                 track_rng=not self._threads,
                 named_slabs=named,
                 skip=plan.failures.skip,
+                replay=self._replay(i, recovered),
+                report_start=self._replays,
             )
             for i in range(self._num_workers)
         ]
@@ -134,6 +144,27 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._workers = self._group.workers
         self._channel = open_channel(self._group, self._threads)
         self._begin_epoch()
+        if any(config.replay for config in configs):
+            self._await_states()  # the cursors hold keys that are not saved: replace them now
+
+    def _replay(self, worker_id: int, recovered: dict[int, Any]) -> tuple[Any, ...]:
+        """The keys worker ``worker_id`` fetches again as it starts (see WorkerCursor.since):
+        none when some could not be recovered (it then resumes at its snapshot)."""
+        position = self.worker_resume(worker_id)
+        if position is None or not self._replays:
+            return ()
+        numbers = run_numbers(position.since)
+        if not all(n in recovered for n in numbers):
+            return position.replay
+        return (*position.replay, *(recovered[n] for n in numbers))
+
+    def _await_states(self) -> None:
+        """Wait until every worker has said what its user states are as the epoch begins, so
+        a state taken from here on holds them (torchdata waits for the same)."""
+        self._waiting_since, self._stall_reported = time.monotonic(), False
+        while not all(worker.ready for worker in self._workers) and not self._group.closed:
+            got = self._receive(None)
+            self._handle(*got)
 
     # -- epoch bookkeeping ---------------------------------------------------------------------
 
@@ -152,6 +183,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._active = [True] * self._num_workers
         self._turn = self._track.turn
         self._latest = list(self._track.workers)
+        self._replaced: set[int] = set()  # workers started in a dead one's place this epoch
         group = self._group
         if self._plan.pin and group.pinner is None and not group.closed:
             group.pinner = Pinner(self._plan.pin_memory_device)
@@ -174,6 +206,7 @@ class WorkerIterator(Incidents, LoaderIterator):
             dead = []
             for worker in list(self._workers):
                 try:
+                    worker.ready = not self._replays  # (it says its states again)
                     worker.send(Resume(worker.slabs.take_freed()))
                 except OSError:  # it died between epochs
                     dead.append(worker)
@@ -189,6 +222,8 @@ class WorkerIterator(Incidents, LoaderIterator):
                         self._finalizer()
                         raise
             self._begin_epoch()
+            if self._replays:
+                self._await_states()
             return
         # Workers of a new epoch are seeded anew, from its base seed: start new ones.
         self._finalizer()
@@ -347,8 +382,14 @@ class WorkerIterator(Incidents, LoaderIterator):
 
     def _handle(self, worker_id: int, message: WorkerMessage) -> None:
         match message:
-            case Ready():
+            case Ready(states=states):
                 self._workers[worker_id].ready = True
+                # (a worker started in a dead one's place starts at the dead one's position)
+                if states is not None and worker_id not in self._replaced:
+                    # The worker's position as its epoch begins, before any batch of it.
+                    began = WorkerCursor(0, self._latest[worker_id].rng, states)
+                    self._latest[worker_id] = began
+                    self._track.workers[worker_id] = began
                 return
             case Stack():
                 self._stacks[worker_id] = message
@@ -387,9 +428,12 @@ class WorkerIterator(Incidents, LoaderIterator):
                 self._in_flight[worker_id] -= 1
                 task = self._tasks[number]
                 task.arrived = True
+                latest = self._latest[worker_id]
                 if report is not None:
-                    self._latest[worker_id] = report.resolve(self._latest[worker_id])
-                task.position = self._latest[worker_id]
+                    latest = report.resolve(latest)
+                if self._replays and (report is None or report.snapshot is None):
+                    latest = latest.fetched(task.number)
+                self._latest[worker_id] = task.position = latest
                 stats = self._track.stats
                 stats.worker_made(worker_id, *message.timing)
                 task.outcome = message.outcome

@@ -16,12 +16,13 @@ sample count always, the generators only when they changed, the user states ever
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ferry._engine.cursor import Snapshot, WorkerCursor
-from ferry._engine.fetch import IterableFetcher, MapFetcher
+from ferry._engine.fetch import BatchDropped, IterableFetcher, MapFetcher
 from ferry._engine.keys import stateful_part
 from ferry._engine.rng import ProcessRng, RngWatch
 from ferry.datasets import is_iterable_style
@@ -41,12 +42,12 @@ class WorkerReport:
     snapshot: Snapshot | None = None
 
     def resolve(self, previous: WorkerCursor) -> WorkerCursor:
-        """The full position this report describes, given the worker's previous one."""
-        return WorkerCursor(
-            self.items,
-            self.rng if self.rng is not None else previous.rng,
-            self.snapshot if self.snapshot is not None else previous.snapshot,
-        )
+        """The full position this report describes, given the worker's previous one (the keys
+        fetched since the previous snapshot go on until a new snapshot)."""
+        rng = self.rng if self.rng is not None else previous.rng
+        if self.snapshot is not None:
+            return WorkerCursor(self.items, rng, self.snapshot)
+        return WorkerCursor(self.items, rng, previous.snapshot, previous.since, previous.replay)
 
 
 class PositionKeeper:
@@ -67,13 +68,21 @@ class PositionKeeper:
         self,
         make: Callable[[], MapFetcher | IterableFetcher],
         resume: WorkerCursor | None,
+        replay: tuple[Any, ...] = (),
     ) -> MapFetcher | IterableFetcher:
-        """A fetcher made by ``make()``, at ``resume`` (or fresh, with None)."""
+        """A fetcher made by ``make()``, at ``resume`` (or fresh, with None). ``replay``: keys a
+        map-style dataset fetched since its snapshot, fetched again (results dropped) so its
+        own state moves on as it did, as torchdata's workers do."""
         self._batches = 0
         snapshot = resume.snapshot if resume is not None else Snapshot()
         if snapshot.dataset is not None and self._dataset_stateful:
             self._dataset.load_state_dict(snapshot.dataset)
         fetcher = make()
+        if isinstance(fetcher, MapFetcher):
+            for key in replay:
+                # (on_error="skip": a batch it dropped the first time, it drops again)
+                with contextlib.suppress(BatchDropped):
+                    fetcher.fetch(key)
         self._stream_stateful = isinstance(fetcher, IterableFetcher) and stateful_part(
             fetcher.stream
         )

@@ -94,7 +94,7 @@ def fit_workers(cursor: Cursor, num_workers: int, dataset: Any, iterable: bool) 
         f"num_workers={num_workers}"
     )
     if not iterable:
-        if any(w.snapshot.dataset is not None for w in cursor.workers):
+        if any(w.snapshot.dataset is not None or w.since for w in cursor.workers):
             raise ValueError(
                 f"DataLoader state does not fit this loader: {counts}, and "
                 f"{type(dataset).__name__} keeps a state of its own in each worker "

@@ -84,6 +84,11 @@ class WorkerConfig:
     named_slabs: bool = False
     # on_error="skip": samples that raise are dropped and reported, not raised.
     skip: bool = False
+    # Keys a map-style dataset fetched since its snapshot in ``resume``, fetched again (results
+    # dropped) after loading it, and whether the worker says what its user states are when an
+    # epoch begins (with Ready: a map-style dataset with a state of its own, process workers).
+    replay: tuple[Any, ...] = ()
+    report_start: bool = False
 
     @property
     def seed(self) -> int:
@@ -179,10 +184,11 @@ def run_worker_loop(
         if config.worker_init_fn is not None:
             config.worker_init_fn(config.worker_id)
         stage = "opening its dataset stream" if config.iterable else "setting up its fetcher"
-        fetcher = keeper.open(config.fetcher, config.resume)
+        fetcher = keeper.open(config.fetcher, config.resume, config.replay)
     except Exception as exc:
         broken = failure(None, config.worker_id, exc, stage)
-    send(Ready(config.worker_id, os.getpid()))
+    states = keeper.states(fetcher) if config.report_start and broken is None else None
+    send(Ready(config.worker_id, os.getpid(), states))
     while True:
         message = receive()
         if isinstance(message, Stop):
@@ -192,6 +198,9 @@ def run_worker_loop(
                 slabs.begin(message.freed)
             if broken is None:
                 fetcher = keeper.open(config.fetcher, None)
+            if config.report_start:
+                states = keeper.states(fetcher) if broken is None else None
+                send(Ready(config.worker_id, os.getpid(), states))
             continue
         assert isinstance(message, Fetch)
         if stopping.is_set():
