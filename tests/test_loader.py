@@ -88,7 +88,9 @@ def test_defaults_are_torchs() -> None:
     assert got.collate_fn is ferry.default_collate
     assert ferry.DataLoader(range(3), batch_size=None).collate_fn is ferry.default_convert
     assert type(got.sampler) is ferry.SequentialSampler
-    assert type(got.batch_sampler) is ferry.BatchSampler
+    # torch's exact class, as a record (Lightning tests the type; see ferry.BatchSampler)
+    assert type(got.batch_sampler) is type(expected.batch_sampler)
+    assert isinstance(got.batch_sampler, ferry.BatchSampler)
     assert type(ferry.DataLoader(range(3), shuffle=True).sampler) is ferry.RandomSampler
     assert ferry.DataLoader(range(3), num_workers=1).prefetch_factor == 2
 
@@ -636,16 +638,33 @@ def test_pin_memory_with_an_accelerator_pins_like_torch() -> None:  # pragma: no
 # -- the engine pieces behind iteration ----------------------------------------------------------
 
 
-def test_inline_iterators_do_not_outlive_their_epoch() -> None:
+def test_an_inline_iterator_reset_goes_on_as_a_new_one() -> None:
+    """torch's ``_reset(loader)`` on an iterator without workers: the next epoch, as the next
+    ``iter(loader)`` would begin it (same shuffle, same draws)."""
     from ferry._engine.iterator import LoaderIterator
 
-    loader = ferry.DataLoader(range(3))
-    iterator = iter(loader)
+    def loader() -> ferry.DataLoader[Any]:
+        return ferry.DataLoader(
+            range(7), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(5)
+        )
+
+    fresh = loader()
+    want = [[b.tolist() for b in fresh] for _ in range(3)]
+    kept = loader()
+    iterator = iter(kept)
     assert isinstance(iterator, LoaderIterator)
-    with pytest.raises(NotImplementedError, match="epoch"):
-        iterator._restart(loader._plan())
+    got = [[b.tolist() for b in iterator]]
+    for _ in range(2):
+        iterator._reset(kept)
+        got.append([b.tolist() for b in iterator])
+    assert got == want
+    kept.num_workers = 2
+    with pytest.raises(ValueError, match="num_workers=0 cannot go on with workers"):
+        iterator._reset(kept)
     with pytest.raises(NotImplementedError):
-        next(LoaderIterator(loader._plan()))
+        next(LoaderIterator(kept._plan()))
+    with pytest.raises(NotImplementedError, match="_next_index"):
+        iterator._next_index()
 
 
 def test_iterable_fetcher_stops_for_good_and_drops_the_short_batch() -> None:

@@ -31,6 +31,8 @@ import torch.utils.data as tud
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 import ferry
+from ferry._engine.iterator import InlineIterator
+from ferry._engine.pool import WorkerIterator
 from ferry.distributed import DistributedSampler
 
 PAIRS: dict[str, tuple[type, type]] = {
@@ -53,6 +55,9 @@ PAIRS: dict[str, tuple[type, type]] = {
     )
 }
 PAIRS["DistributedSampler"] = (DistributedSampler, TorchDistributedSampler)
+# What iter(loader) returns is torch's _BaseDataLoaderIter (Lightning's CombinedLoader tests it).
+PAIRS["InlineIterator"] = (InlineIterator, tud.dataloader._BaseDataLoaderIter)
+PAIRS["WorkerIterator"] = (WorkerIterator, tud.dataloader._BaseDataLoaderIter)
 
 # Class-body entries that are bookkeeping of Python itself, not behaviour.
 _PYTHON_OWN = {
@@ -79,6 +84,17 @@ _PYTHON_OWN = {
 # Attributes a ferry class may inherit from torch's, each with the reason it is harmless.
 # torch 2.13 needs none: every attribute its classes define, ferry's define again.
 HARMLESS: dict[tuple[str, str], str] = {}
+
+# torch objects ferry makes, used as plain records of their attributes, each with its reason.
+# Code that iterates one directly (the user's) runs torch's code on a torch object; ferry's own
+# engine reads their attributes only (test_the_engine_runs_no_torch_code_on_records).
+RECORDS: dict[type, str] = {
+    tud.BatchSampler: (
+        "ferry.BatchSampler(...) and the loader's automatic batch sampler are of torch's exact "
+        "class: Lightning and Fabric test `type(batch_sampler) is BatchSampler` before they "
+        "inject a DistributedSampler, and take the custom batch sampler path otherwise"
+    ),
+}
 
 TORCH_DATA_DIR = str(Path(tud.__file__).resolve().parent) + os.sep
 
@@ -146,6 +162,10 @@ def test_harmless_entries_are_still_needed() -> None:
 # -- instance attributes ---------------------------------------------------------------------
 
 
+class _MyBatchSampler(ferry.BatchSampler):
+    """A custom batch sampler: a ferry object, not a record."""
+
+
 def _both(name: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
     ferry_class, torch_class = PAIRS[name]
     return ferry_class(*args, **kwargs), torch_class(*args, **kwargs)
@@ -164,6 +184,11 @@ def _instances() -> Iterator[tuple[str, Any, Any]]:
     yield "SubsetRandomSampler", *_both("SubsetRandomSampler", [1, 2])
     yield "WeightedRandomSampler", *_both("WeightedRandomSampler", [0.5, 0.5], 4)
     yield "BatchSampler", *_both("BatchSampler", range(5), 2, False)
+    yield (
+        "BatchSampler subclass",
+        _MyBatchSampler(range(5), 2, False),
+        tud.BatchSampler(range(5), 2, False),
+    )
     yield "DistributedSampler", *_both("DistributedSampler", data, num_replicas=2, rank=1)
     for kwargs in (
         {"batch_size": 2, "shuffle": True},
@@ -200,6 +225,19 @@ def test_loader_attributes_read_as_torchs() -> None:
 
 
 # -- no torch code runs ------------------------------------------------------------------------
+
+
+def test_batch_sampler_gives_a_record_of_torchs_class() -> None:
+    record = ferry.BatchSampler(range(7), 3, drop_last=False)
+    assert type(record) is tud.BatchSampler
+    assert isinstance(record, ferry.BatchSampler)
+    assert (record.batch_size, record.drop_last) == (3, False)
+    loader = ferry.DataLoader(ferry.TensorDataset(torch.arange(7.0)), batch_size=3)
+    assert type(loader.batch_sampler) is tud.BatchSampler
+    assert type(_MyBatchSampler(range(7), 3, False)) is _MyBatchSampler
+    assert not isinstance(tud.SequentialSampler(range(3)), ferry.BatchSampler)
+    with pytest.raises(ValueError, match="batch_size should be a positive integer value"):
+        ferry.BatchSampler(range(7), 0, drop_last=False)
 
 
 class _Stream(ferry.IterableDataset[int]):
@@ -273,11 +311,44 @@ def _workload() -> None:
     loader.check_worker_number_rationality()
 
 
-def _calls_into_torch_data(workload: Any) -> list[str]:
+def _loader_workload() -> None:
+    """The loader over every kind of batch sampler, records included: ferry's engine batches a
+    record itself, so not even a record's torch code runs."""
+    data = ferry.TensorDataset(torch.arange(20.0))
+    for batch_sampler in (
+        ferry.BatchSampler(ferry.SequentialSampler(data), 3, False),
+        TORCH_BATCH_SAMPLER,
+        _MyBatchSampler(ferry.RandomSampler(data), 4, True),
+    ):
+        for kwargs in ({}, {"num_workers": 2, "worker_type": "thread"}):
+            loader = ferry.DataLoader(data, batch_sampler=batch_sampler, **kwargs)
+            assert len(list(loader)) == len(loader)
+    for kwargs in (
+        {"batch_size": 4, "shuffle": True},
+        {"batch_size": 3, "drop_last": True, "num_workers": 2, "worker_type": "thread"},
+    ):
+        loader = ferry.DataLoader(data, **kwargs)
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        again = ferry.DataLoader(data, **kwargs)
+        again.load_state_dict(state)
+        assert len(list(again)) == len(loader) - 1
+
+
+# Made by torch's constructor (torch's code, on torch's object) before any profiling.
+TORCH_BATCH_SAMPLER = tud.BatchSampler(range(20), 6, drop_last=False)
+
+
+def _calls_into_torch_data(workload: Any, records: bool = False) -> list[str]:
+    """The calls into torch.utils.data while ``workload`` runs; with ``records``, not those
+    on a :data:`RECORDS` object."""
     seen: list[str] = []
 
     def profile(frame: FrameType, event: str, _arg: Any) -> None:
         if event == "call" and frame.f_code.co_filename.startswith(TORCH_DATA_DIR):
+            if records and type(frame.f_locals.get("self")) in RECORDS:
+                return
             seen.append(f"{frame.f_code.co_qualname} ({frame.f_code.co_filename})")
 
     threading.setprofile(profile)
@@ -292,7 +363,19 @@ def _calls_into_torch_data(workload: Any) -> list[str]:
 
 @pytest.mark.timeout(60)
 def test_no_torch_data_code_runs_on_ferry_objects() -> None:
-    assert _calls_into_torch_data(_workload) == []
+    assert _calls_into_torch_data(_workload, records=True) == []
+
+
+@pytest.mark.timeout(60)
+def test_the_engine_runs_no_torch_code_on_records() -> None:
+    assert _calls_into_torch_data(_loader_workload) == []
+
+
+@pytest.mark.timeout(60)
+def test_records_are_let_through_only_where_listed() -> None:
+    calls = _calls_into_torch_data(lambda: list(ferry.BatchSampler(range(5), 2, False)))
+    assert any("BatchSampler.__iter__" in c for c in calls)
+    assert _calls_into_torch_data(lambda: list(ferry.BatchSampler(range(5), 2, False)), True) == []
 
 
 @pytest.mark.timeout(60)
@@ -384,7 +467,9 @@ def test_a_loader_rebuilt_from_its_attributes_keeps_ferrys_options() -> None:
     rebuilt = _update_dataloader(loader, sampler)
     assert type(rebuilt) is ferry.DataLoader
     assert rebuilt.worker_type == "thread"
-    # Lightning treats any BatchSampler that is not exactly torch's class as a custom one and
-    # rebuilds it around the new sampler (as it would a torch BatchSampler subclass).
+    # The loader's batch sampler is a record of torch's exact class, so Lightning takes its
+    # standard path: the new sampler replaces the loader's, batch_size is kept.
+    assert rebuilt.sampler is sampler
+    assert rebuilt.batch_size == 4
     assert rebuilt.batch_sampler.sampler is sampler
     assert [b[0].tolist() for b in rebuilt] == [[1.0, 3.0, 5.0, 7.0], [9.0]]

@@ -7,7 +7,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.context import BaseContext
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import torch
 
@@ -36,6 +36,7 @@ from ferry.samplers import (
     Sampler,
     SequentialSampler,
     _StreamSampler,
+    batch_count,
 )
 from ferry.stats import LoaderStats, StatsRecorder
 
@@ -230,7 +231,12 @@ class DataLoader(TorchDataLoader[T_co]):
         # As torch names it: len(loader) of an iterable-style dataset once asked (the length
         # check compares against it).
         self._IterableDataset_len_called = None
-        self._live_iterator: LoaderIterator | None = None
+        # What iter() returned last with persistent workers (torch's ``_iterator``), ferry's
+        # iterator behind what an overridden _get_iterator() returned (by the latter's id),
+        # and the iterator the running _get_iterator() call made.
+        self._live_iterator: Any = None
+        self._wrapped: dict[int, LoaderIterator] = {}
+        self._made: LoaderIterator | None = None
         # Resume: the state loaded for the next iterator, and the epoch track of the last one.
         self._resume = Resumer()
         self._pool: BufferPool | None = None
@@ -274,18 +280,34 @@ class DataLoader(TorchDataLoader[T_co]):
 
     # -- iteration -----------------------------------------------------------------------------
 
-    # ferry's iterators are not torch's _BaseDataLoaderIter; they are plain iterators of batches.
     def __iter__(self) -> Iterator[T_co]:  # type: ignore[override]
+        # As torch's: the iterator comes from _get_iterator(), which subclasses override to
+        # observe or wrap it; with persistent workers the kept one is reset each epoch.
         if self._tuner is not None:
             self._retune()
         if self.persistent_workers and self.num_workers > 0:
-            if self._live_iterator is None or self._resume.pending is not None:
-                self._replace_iterator(self._make_iterator())  # stops the old one's workers
+            kept = self._live_iterator
+            reset = getattr(kept, "_reset", None)
+            if kept is None or reset is None or self._resume.pending is not None:
+                # (an iterator without torch's _reset, which an override may return, is
+                # replaced, where torch's loader would fail on it)
+                self._replace_iterator(self._obtain_iterator())  # stops the old one's workers
             else:
-                self._live_iterator._restart(self._plan())
-            assert self._live_iterator is not None
-            return self._live_iterator
-        return self._make_iterator()
+                reset(self)
+            return self._live_iterator  # type: ignore[no-any-return]
+        return self._obtain_iterator()  # type: ignore[no-any-return]
+
+    def _obtain_iterator(self) -> Any:
+        """``self._get_iterator()``, noting whether ferry made the iterator it returned (or one
+        it wraps): :meth:`state_dict` describes only ferry's iterators."""
+        self._made = None
+        iterator = self._get_iterator()
+        # (read through cast: mypy keeps the None set above across the call)
+        made, self._made = cast("LoaderIterator | None", self._made), None
+        self._resume.foreign = None if made is not None else type(iterator)
+        if made is not None and made is not iterator:
+            self._wrapped[id(iterator)] = made
+        return iterator
 
     # -- resume (the API of torchdata's StatefulDataLoader) -------------------------------------
 
@@ -363,8 +385,8 @@ class DataLoader(TorchDataLoader[T_co]):
                 self._replace_iterator(None)
             self.num_workers, self.prefetch_factor = chosen
 
-    @property  # type: ignore[override]
-    def _iterator(self) -> LoaderIterator | None:
+    @property
+    def _iterator(self) -> Any:
         """The iterator kept between epochs (``persistent_workers=True``), as in torch.
 
         Libraries reset a loader by setting this to None (Lightning does at the end of every
@@ -374,16 +396,25 @@ class DataLoader(TorchDataLoader[T_co]):
         return self._live_iterator
 
     @_iterator.setter
-    def _iterator(self, iterator: LoaderIterator | None) -> None:
+    def _iterator(self, iterator: Any) -> None:
         self._replace_iterator(iterator)
 
-    def _replace_iterator(self, iterator: LoaderIterator | None) -> None:
+    def _replace_iterator(self, iterator: Any) -> None:
         old = self.__dict__.get("_live_iterator")
         self._live_iterator = iterator
         if old is not None and old is not iterator:
-            old._shutdown_workers()
+            # ferry's own iterator, or the one an override's iterator wraps; any other that
+            # has workers is stopped as torch's loader code would (Lightning calls it too).
+            made = self._wrapped.pop(id(old), None)
+            if made is not None and made is not iterator:
+                made._shutdown_workers()
+            shutdown = getattr(old, "_shutdown_workers", None)
+            if callable(shutdown):
+                shutdown()
 
-    def _get_iterator(self) -> LoaderIterator:  # type: ignore[override]
+    def _get_iterator(self) -> LoaderIterator:
+        """A new iterator over this loader (torch's hook: ``iter()`` asks it, so a subclass may
+        override it to observe or wrap iterators)."""
         return self._make_iterator()
 
     def _make_iterator(self) -> LoaderIterator:
@@ -414,6 +445,7 @@ class DataLoader(TorchDataLoader[T_co]):
 
             iterator = WorkerIterator(plan, resume, budget, run)
         self._resume.track = iterator._track
+        self._made = iterator
         return iterator
 
     def _plan(self) -> EpochPlan:
@@ -461,7 +493,7 @@ class DataLoader(TorchDataLoader[T_co]):
 
     def __len__(self) -> int:
         if not self._iterable_style:
-            return len(self._index_sampler)  # type: ignore[arg-type]
+            return batch_count(self._index_sampler)
         length = len(self.dataset)
         self._IterableDataset_len_called = length
         if self.batch_size is None:
@@ -489,7 +521,7 @@ class DataLoader(TorchDataLoader[T_co]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Live state (an epoch in progress, buffers, a lock) does not travel with the loader.
-        state.update(_live_iterator=None, _pool=None, _pool_lock=None)
+        state.update(_live_iterator=None, _wrapped={}, _made=None, _pool=None, _pool_lock=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

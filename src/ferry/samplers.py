@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import warnings
 from collections.abc import Iterable, Iterator, Sequence, Sized
@@ -347,10 +348,60 @@ class WeightedRandomSampler(_GeneratorState, TensorChunkSampler, TorchWeightedRa
         yield drawn[run.skip :]
 
 
-class BatchSampler(Sampler[list[Any]], TorchBatchSampler):
+def is_batch_record(batch_sampler: object) -> bool:
+    """Whether ``batch_sampler`` is an object of torch's exact ``BatchSampler`` class: a record
+    of ``(sampler, batch_size, drop_last)`` that ferry batches by itself (see
+    :class:`BatchSampler`)."""
+    return type(batch_sampler) is TorchBatchSampler
+
+
+def batch_record(sampler: Any, batch_size: int, drop_last: bool) -> Any:
+    """An object of torch's exact ``BatchSampler`` class holding the three options, made without
+    running torch's constructor (ferry checked them with its own messages)."""
+    check_positive_int("batch_size", batch_size, error=ValueError)
+    check_bool("drop_last", drop_last, error=ValueError)
+    record = object.__new__(TorchBatchSampler)
+    vars(record).update(sampler=sampler, batch_size=batch_size, drop_last=drop_last)
+    return record
+
+
+def batch_count(index_sampler: Any) -> int:
+    """``len()`` of a loader's index sampler; a batch record's is counted here, not by torch's
+    code: ``ceil`` (or ``floor`` with ``drop_last``) of its sampler's length over the size."""
+    if not is_batch_record(index_sampler):
+        return len(index_sampler)
+    record = index_sampler
+    return _batches_in(len(record.sampler), record.batch_size, record.drop_last)
+
+
+def _batches_in(count: int, size: int, drop_last: bool) -> int:
+    return count // size if drop_last else -(-count // size)
+
+
+class _BatchSamplerType(type):
+    """``isinstance(x, ferry.BatchSampler)`` holds for the records ``ferry.BatchSampler(...)``
+    gives (objects of torch's exact class), as for ferry's subclasses."""
+
+    def __instancecheck__(cls, instance: object) -> bool:
+        if cls is BatchSampler and is_batch_record(instance):
+            return True
+        return super().__instancecheck__(instance)
+
+
+class BatchSampler(Sampler[list[Any]], TorchBatchSampler, metaclass=_BatchSamplerType):
     """Groups the keys of another sampler (or any iterable) into lists of ``batch_size``.
 
     The last, shorter batch is kept unless ``drop_last`` is true.
+
+    ``BatchSampler(...)`` itself gives an object of torch's exact
+    ``torch.utils.data.BatchSampler`` class, used by ferry only as a record of
+    ``(sampler, batch_size, drop_last)``: Lightning and Fabric test
+    ``type(batch_sampler) is BatchSampler`` to decide whether they may swap the sampler inside
+    a loader (for a ``DistributedSampler``), and take the slower "custom batch sampler" path
+    for any other class. ferry's loader batches such a record itself (torch's code does not run
+    there); iterated directly, it yields what torch's does, because it is torch's. The loader
+    builds the same record when given ``batch_size``. A subclass of this class (a custom batch
+    sampler) is a ferry object as usual, iterating as below unless it overrides ``__iter__``.
 
     Example::
 
@@ -361,6 +412,11 @@ class BatchSampler(Sampler[list[Any]], TorchBatchSampler):
     sampler: Sampler[Any] | Iterable[Any]
     batch_size: int
     drop_last: bool
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is not BatchSampler:
+            return super().__new__(cls)
+        return batch_record(*args, **kwargs)
 
     def __init__(
         self, sampler: Sampler[Any] | Iterable[Any], batch_size: int, drop_last: bool
@@ -376,10 +432,11 @@ class BatchSampler(Sampler[list[Any]], TorchBatchSampler):
         yield from batched(iter(self.sampler), self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
-        count = len(self.sampler)  # type: ignore[arg-type]
-        if self.drop_last:
-            return count // self.batch_size
-        return (count + self.batch_size - 1) // self.batch_size
+        return _batches_in(len(self.sampler), self.batch_size, self.drop_last)  # type: ignore[arg-type]
+
+
+# inspect.signature(BatchSampler) reads __new__ first: it reports __init__'s parameters.
+BatchSampler.__new__.__signature__ = inspect.signature(BatchSampler.__init__)  # type: ignore[attr-defined]
 
 
 def is_builtin_sampler(sampler: object) -> bool:
@@ -395,8 +452,9 @@ def is_builtin_sampler(sampler: object) -> bool:
 
 
 def is_builtin_batch_sampler(batch_sampler: object) -> bool:
-    """Whether ``batch_sampler`` is ferry's :class:`BatchSampler`, iterating as ferry wrote it."""
-    return (
+    """Whether ``batch_sampler`` batches as :class:`BatchSampler` does: a record of torch's
+    exact class, or ferry's class (a subclass that keeps ferry's ``__iter__``)."""
+    return is_batch_record(batch_sampler) or (
         isinstance(batch_sampler, BatchSampler)
         and type(batch_sampler).__iter__ is BatchSampler.__iter__
     )

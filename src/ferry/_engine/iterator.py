@@ -56,7 +56,9 @@ from ferry._engine.pin import PinJob, pin_batch
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position import PositionKeeper
 from ferry._engine.rng import generator_state, set_generator_state
+from ferry._torch_types import TorchLoaderIterator
 from ferry.errors import EpochReplayWarning, TooManyErrors, warn_from_user_code
+from ferry.samplers import batch_count
 from ferry.stats import StatsRecorder
 
 __all__ = [
@@ -209,10 +211,16 @@ def _option(name: str) -> Any:
     return property(lambda self: getattr(self._plan, name), doc=f"The loader's ``{name}``.")
 
 
-class LoaderIterator:
-    """Base of the loader's iterators (see the module docstring)."""
+class LoaderIterator(TorchLoaderIterator):
+    """Base of the loader's iterators (see the module docstring).
+
+    A subclass of torch's ``_BaseDataLoaderIter`` for the type only (Lightning's
+    ``CombinedLoader`` tells loader iterators apart by it): every method of that class is
+    defined here again, so none of torch's code runs on a ferry iterator.
+    """
 
     _track: EpochTrack
+    _base_seed: int
 
     # torch's iterators mirror their loader's options in these attributes, which code reads.
     _dataset = _option("dataset")
@@ -227,7 +235,7 @@ class LoaderIterator:
     _worker_init_fn = _option("worker_init_fn")
 
     @property
-    def _dataset_kind(self) -> int:
+    def _dataset_kind(self) -> int:  # type: ignore[override]
         """0 for a map-style dataset, 1 for an iterable-style one (torch's ``_DatasetKind``)."""
         return 1 if self._iterable_style else 0
 
@@ -348,7 +356,7 @@ class LoaderIterator:
 
     def __len__(self) -> int:
         # As torch: the length of the index sampler (an endless one for a stream: TypeError).
-        return len(self._plan.index_sampler)
+        return batch_count(self._plan.index_sampler)
 
     def __next__(self) -> Any:
         track = self._track
@@ -427,7 +435,7 @@ class LoaderIterator:
             track.delivered(delivery.number, delivery.worker_id, delivery.worker)
 
     @property
-    def _num_yielded(self) -> int:
+    def _num_yielded(self) -> int:  # type: ignore[override]
         """Batches of the current epoch handed out, as torch's iterators count them (code
         reads it to know where an epoch is); a resumed epoch counts those before the resume."""
         track = self._track
@@ -442,6 +450,24 @@ class LoaderIterator:
     def _restart(self, plan: EpochPlan) -> None:
         """Begin the next epoch on the same iterator (persistent workers)."""
         raise NotImplementedError(f"{type(self).__name__} does not outlive its epoch")
+
+    # torch's iterator protocol, for code written against ``_BaseDataLoaderIter``.
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        """Begin the next epoch on this iterator with ``loader``'s options as they are now (what
+        torch's loader asks of a kept iterator each epoch with persistent workers)."""
+        self._restart(loader._plan())
+
+    def _next_data(self) -> Any:
+        """The next batch (torch's name for it)."""
+        return self.__next__()
+
+    def _next_index(self) -> Any:
+        raise NotImplementedError(
+            f"{type(self).__name__}._next_index: ferry's engines draw the epoch's keys "
+            "themselves (a key drawn here would be lost to the epoch); iterate the loader's "
+            "sampler or batch_sampler to see the keys"
+        )
 
     def __getstate__(self) -> Any:
         raise NotImplementedError(
@@ -484,6 +510,18 @@ class InlineIterator(LoaderIterator):
 
     def _live(self) -> WorkerCursor:
         return self._keeper.live(self._fetcher)
+
+    def _restart(self, plan: EpochPlan) -> None:
+        """The next epoch on this iterator, as a new iterator of the same loader would begin it
+        (torch's ``_reset``; the loader itself makes a new inline iterator each epoch)."""
+        if plan.num_workers != 0 or plan.timeout > 0:
+            raise ValueError(
+                "an iterator made with num_workers=0 cannot go on with workers or a timeout: "
+                f"got num_workers={plan.num_workers}, timeout={plan.timeout}; call iter(loader)"
+            )
+        self._plan = plan
+        self._open_epoch(self._track.next_epoch())
+        self._fetcher = self._keeper.open(self._make_fetcher, self.worker_resume(0))
 
     def _make_fetcher(self) -> MapFetcher | IterableFetcher:
         plan = self._plan

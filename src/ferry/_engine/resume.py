@@ -150,6 +150,9 @@ class Resumer:
         self.track: EpochTrack | None = None
         self.loaded: tuple[Cursor, dict[str, Any]] | None = None
         self.warned_replay = False
+        # The type of what the loader's _get_iterator() returned last, when ferry did not make
+        # it (an override returned another iterator): its position is unknown to ferry.
+        self.foreign: type | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # A pickled loader carries a loaded state, not a live epoch.
@@ -162,6 +165,14 @@ class Resumer:
             if loaded is not None:
                 return copy.deepcopy(loaded)
             return LoaderState(identity_of(loader), cursor).to_plain()
+        if self.foreign is not None:
+            raise TypeError(
+                f"state_dict() cannot describe the iterator that "
+                f"{type(loader).__name__}._get_iterator() returned, a "
+                f"{self.foreign.__module__}.{self.foreign.__qualname__}: ferry knows the "
+                "position of its own iterators only. Return super()._get_iterator() from the "
+                "override, or an object that wraps it (and hands out its batches one by one)"
+            )
         track = self.track
         if track is None:  # before the first epoch: the generators as they stand now
             cursor = between_epochs_cursor(
