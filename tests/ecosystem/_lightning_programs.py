@@ -29,6 +29,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import nn
 
 import ferry
+from ecosystem._injection import describe
 
 IMPLS: dict[str, Any] = {"torch": tud, "ferry": ferry}
 SEED = 1234
@@ -531,7 +532,13 @@ def run_ddp(impl: str) -> dict[str, Any]:
             callbacks=[writer], devices=2, num_nodes=1, strategy=strategy, **TRAINER_DEFAULTS
         )
         trainer.fit(model)
+        # What Lightning made of each loader when it injected a DistributedSampler.
+        result["loaders"] = {
+            "train": describe(trainer.train_dataloader, epochs=0),
+            "val": describe(trainer.val_dataloaders, epochs=0),
+        }
         predictions = trainer.predict(model, return_predictions=True)
+        result["loaders"]["predict"] = describe(trainer.predict_dataloaders, epochs=0)
         result["rank"] = (trainer.global_rank, trainer.world_size)
     _finish(result, model, writer, predictions)
     return result

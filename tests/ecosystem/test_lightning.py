@@ -303,6 +303,10 @@ def test_ddp_two_cpu_ranks(ddp, impl: str) -> None:
             assert result["batch_indices"] == ix["predict"]
         # DDP averages the gradients: every rank ends with the same weights.
         _assert_same_tensors(per_rank[1]["weights"], per_rank[0]["weights"])
+        for result in per_rank:  # the standard injection: the loader's own sampler is replaced
+            assert result["loaders"]["train"]["sampler"] == "DistributedSampler"
+            assert result["loaders"]["train"]["batch_size"] == BATCH
     else:
         for got, want in zip(per_rank, _ddp_result(ddp, "torch"), strict=True):
             _assert_same_run(got, want)
+            assert got["loaders"] == want["loaders"]
