@@ -83,6 +83,11 @@ class LoaderStats:
     first_wait_s: float = 0.0  # of which the loop spent in next()
     # What num_workers="auto"/prefetch_factor="auto" chose and why ("" when neither is used).
     tuning: str = ""
+    # Samples being read at once, at most (workers x per-sample reads of a batch: thread
+    # workers read a batch's samples at once when they wait, see ferry._engine.reads), and how
+    # many times its CPU time a read waits (0: not measured: process workers, inline).
+    concurrency: int = 0
+    read_wait_ratio: float = 0.0
 
     @property
     def batches_per_s(self) -> float:
@@ -152,6 +157,11 @@ class LoaderStats:
             lines.append(f"  hand-off moved {self.hand_off_bytes / 2**20:.1f} MiB")
         if self.skipped:
             lines.append(f"  on_error='skip' dropped {self.skipped} samples")
+        if self.read_wait_ratio:
+            lines.append(
+                f"  reads: up to {self.concurrency} samples at once; a read waits "
+                f"{self.read_wait_ratio:.0f}x its CPU time"
+            )
         if self.tuning:
             lines.append(f"  autotuning: {self.tuning}")
         return "\n".join(lines)
@@ -172,6 +182,7 @@ class StatsRecorder:
         "hand_off_bytes",
         "made",
         "pin",
+        "reads",
         "ready",
         "sampler",
         "skipped",
@@ -188,6 +199,7 @@ class StatsRecorder:
         self.first_batch = self.first_wait = 0.0
         self.busy = [0.0] * num_workers
         self.made = [0] * num_workers
+        self.reads: Any = None  # thread workers' SampleReads (ferry._engine.reads), if any
 
     def worker_made(
         self, worker_id: int, fetch: float, collate: float, encode: float, nbytes: int
@@ -207,7 +219,15 @@ class StatsRecorder:
             WorkerStats(i, made, busy, min(busy / wall, 1.0))
             for i, (made, busy) in enumerate(zip(self.made, self.busy, strict=True))
         )
+        workers_n = len(self.busy) if engine != "inline" else 0
+        concurrency = max(workers_n, 1)
+        if self.reads is not None:  # (its pool bounds the reads of every worker together)
+            concurrency = min(
+                concurrency * self.reads.peak_width, max(self.reads.limit, concurrency)
+            )
         return LoaderStats(
+            concurrency=concurrency,
+            read_wait_ratio=self.reads.ratio if self.reads is not None else 0.0,
             engine=engine,
             num_workers=len(self.busy) if engine != "inline" else 0,
             batches=self.batches,

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ferry._engine.reads import Failed, SampleReads
 from ferry.collate import RowBatch, default_collate, default_map_is_pristine
 from ferry.datasets import fetch_many, tensor_gather
 from ferry.errors import SkippedSample
@@ -94,6 +95,7 @@ class MapFetcher(_TimedFetch):
         auto_collation: bool,
         collate_fn: Callable[..., Any],
         skip_as: int | None = None,
+        reads: SampleReads | None = None,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
@@ -101,6 +103,10 @@ class MapFetcher(_TimedFetch):
         self.skip_as = skip_as
         self._default = collate_fn is default_collate
         self.gather = one_call_gather(dataset, auto_collation, collate_fn)
+        # Per-sample reads, in parallel when they wait (thread workers; see reads.py): only
+        # for a dataset read one __getitem__ per key (a __getitems__ decides for itself).
+        per_sample = auto_collation and not callable(getattr(dataset, "__getitems__", None))
+        self.reads = reads if per_sample else None
 
     def fetch(self, key: Any) -> Any:
         start = perf_counter()
@@ -111,11 +117,17 @@ class MapFetcher(_TimedFetch):
             batch = list(self.gather(key))
             self.fetch_s, self.collate_s = perf_counter() - start, 0.0
             return batch
+        elif self.reads is not None:
+            samples = self.reads.read(self.dataset, _key_list(key))
         else:
             samples = fetch_many(self.dataset, key)
             if type(samples) is RowBatch and not self._default:
                 samples = list(samples)  # a user's collate_fn gets the plain list torch gives
         return self._collate(samples, start)
+
+
+def _key_list(key: Any) -> list[Any]:
+    return key.tolist() if isinstance(key, torch.Tensor) else list(key)
 
 
 class SkippingMapFetcher(MapFetcher):
@@ -128,6 +140,8 @@ class SkippingMapFetcher(MapFetcher):
         out short: filling it from later keys would shift every later batch's boundaries, and
         a resume's position, by the number of bad samples."""
         start = perf_counter()
+        if self.reads is not None:
+            return self._fetch_each(_key_list(key), start)
         try:
             batch = super().fetch(key)
         except StopIteration:
@@ -149,7 +163,24 @@ class SkippingMapFetcher(MapFetcher):
                 raise
             except Exception as exc:
                 dropped.append(self._dropped(index, exc, stream=False))
-        self.outcome = (len(keys), tuple(dropped))
+        return self._keep(len(keys), samples, dropped, start)
+
+    def _fetch_each(self, keys: list[Any], start: float) -> Any:
+        """Per-sample reads (thread workers): every key read once, the failing ones dropped."""
+        assert self.reads is not None
+        samples, dropped = [], []
+        results = self.reads.read(self.dataset, keys, collect=True)
+        for index, result in zip(keys, results, strict=True):
+            if isinstance(result, Failed):
+                dropped.append(self._dropped(index, result.error, stream=False))
+            else:
+                samples.append(result)
+        return self._keep(len(keys), samples, dropped, start)
+
+    def _keep(
+        self, tried: int, samples: list[Any], dropped: list[SkippedSample], start: float
+    ) -> Any:
+        self.outcome = (tried, tuple(dropped))
         if not samples:
             self.fetch_s, self.collate_s = perf_counter() - start, 0.0
             raise BatchDropped
@@ -264,10 +295,12 @@ def make_fetcher(
     drop_last: bool,
     *,
     skip_as: int | None = None,
+    reads: SampleReads | None = None,
 ) -> MapFetcher | IterableFetcher:
-    """The fetcher for a dataset; ``skip_as``: the worker id, with ``on_error="skip"``."""
+    """The fetcher for a dataset; ``skip_as``: the worker id, with ``on_error="skip"``;
+    ``reads``: per-sample reads shared by a loader's thread workers (map-style only)."""
     if iterable:
         return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, skip_as)
     if skip_as is not None:
-        return SkippingMapFetcher(dataset, auto_collation, collate_fn, skip_as)
-    return MapFetcher(dataset, auto_collation, collate_fn)
+        return SkippingMapFetcher(dataset, auto_collation, collate_fn, skip_as, reads)
+    return MapFetcher(dataset, auto_collation, collate_fn, reads=reads)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ferry._engine.messages import NewSlab, Stop
 from ferry._engine.pin import Pinner
 from ferry._engine.plan import EpochPlan
+from ferry._engine.reads import SampleReads
 from ferry._engine.shm import SlabMaps
 from ferry._engine.slabfile import recv_fd, remove_names
 from ferry._engine.worker import (
@@ -133,6 +134,8 @@ class WorkerGroup:
         self.replaced: list[WorkerHandle] = []
         # pin_memory=True: the thread that pins the workers' batches as they arrive.
         self.pinner: Pinner | None = None
+        # Thread workers of a map-style dataset: their shared per-sample reads (reads.py).
+        self.reads: SampleReads | None = None
 
     def shutdown(self) -> None:
         """Stop every worker within about two seconds, whatever state it is in."""
@@ -177,6 +180,8 @@ class WorkerGroup:
                 worker.thread.join(max(0.0, deadline - time.monotonic()))
         for worker in self.replaced:
             worker.slabs.close()
+        if self.reads is not None:  # after the workers: no read is asked for any more
+            self.reads.close(max(0.0, deadline - time.monotonic()))
 
     @staticmethod
     def _drain_until_exit(workers: list[WorkerHandle], deadline: float) -> set[int]:

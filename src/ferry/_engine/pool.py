@@ -43,6 +43,7 @@ from ferry._engine.keys import stateful_part
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
+from ferry._engine.reads import SampleReads
 from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
 from ferry._engine.worker import WorkerConfig
 from ferry.distributed import _process_group_rank_world as process_group_rank_world
@@ -103,6 +104,8 @@ class WorkerIterator(Incidents, LoaderIterator):
         plan = self._plan
         named = not self._threads and named_slabs()
         self._group.named_slabs = named
+        if self._threads and not plan.iterable_style and self._group.reads is None:
+            self._group.reads = SampleReads()
         recovered = self._track.keys.take_recovered()
         configs = [
             WorkerConfig(
@@ -124,6 +127,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                 skip=plan.failures.skip,
                 replay=self._replay(i, recovered),
                 report_start=self._replays,
+                reads=self._group.reads,
             )
             for i in range(self._num_workers)
         ]
@@ -173,6 +177,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         # the sampler for its iterator first); they are drawn from right away to fill the
         # prefetch queue, as torch does, so RNG draws happen in the same order.
         self._keys_done = False
+        self._track.stats.reads = self._group.reads  # (None but for thread workers, map-style)
         self._tasks: dict[int, Task] = {}
         self._first_task = self._next_task
         # Global task number of the epoch's key number 0 (tasks are numbered across epochs,

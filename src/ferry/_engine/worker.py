@@ -89,6 +89,8 @@ class WorkerConfig:
     # epoch begins (with Ready: a map-style dataset with a state of its own, process workers).
     replay: tuple[Any, ...] = ()
     report_start: bool = False
+    # Thread workers of a map-style dataset: the loader's shared per-sample reads (reads.py).
+    reads: Any = None
 
     @property
     def seed(self) -> int:
@@ -106,6 +108,7 @@ class WorkerConfig:
             self.collate_fn,
             self.drop_last,
             skip_as=self.worker_id if self.skip else None,
+            reads=self.reads,
         )
 
 

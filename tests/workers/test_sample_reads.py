@@ -1,0 +1,244 @@
+"""Per-sample parallel reads in thread workers (``ferry._engine.reads``).
+
+When the samples of a map-style dataset wait (a sleep stands for a network read), thread workers
+read the samples of a batch at once instead of one after another. What must not change: the
+batches and their order, the error a failing read raises (the first failing key's, in key
+order), ``on_error="skip"``'s accounting, resume, and nothing left running afterwards. The
+decision itself (how many reads at once) is tested with stand-in clocks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import ferry
+from ferry._engine.reads import PARALLEL_FROM, Failed, SampleReads
+
+LATENCY = 0.004
+
+
+class Waiting(tud.Dataset[int]):
+    """Sample ``i`` is ``i``, after ``latency`` seconds of sleep (which releases the GIL);
+    ``fail`` holds keys whose read raises ``KeyError``. Counts reads in flight at once."""
+
+    def __init__(self, n: int = 96, latency: float = LATENCY, fail: frozenset[int] = frozenset()):
+        self.n, self.latency, self.fail = n, latency, fail
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self.most = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        with self._lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            time.sleep(self.latency)
+            if index in self.fail:
+                raise KeyError(f"sample {index} is missing")
+            return index
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+
+def _threads(**kwargs: Any) -> ferry.DataLoader[Any]:
+    return ferry.DataLoader(
+        kwargs.pop("dataset", None) or Waiting(),
+        batch_size=kwargs.pop("batch_size", 16),
+        num_workers=2,
+        worker_type="thread",
+        **kwargs,
+    )
+
+
+def _reads_alive() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("ferry-read-")]
+
+
+def _wait_no_reads(timeout: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (alive := _reads_alive()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return alive
+
+
+# -- the decision, with stand-in clocks ----------------------------------------------------------
+
+
+class _Clocks:
+    """A wall clock and a CPU clock that a stand-in dataset moves."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def dataset(self, wall: float, cpu: float) -> Any:
+        clocks = self
+
+        class Timed:
+            def __getitem__(self, index: int) -> int:
+                clocks.wall += wall
+                clocks.cpu += cpu
+                return index
+
+        return Timed()
+
+
+def _reads(clocks: _Clocks, limit: int = 64) -> SampleReads:
+    return SampleReads(limit, clock=lambda: clocks.wall, cpu_clock=lambda: clocks.cpu)
+
+
+def test_reads_that_hold_the_cpu_stay_one_at_a_time() -> None:
+    clocks = _Clocks()
+    reads = _reads(clocks)
+    dataset = clocks.dataset(wall=0.001, cpu=0.001)
+    for _ in range(5):
+        assert reads.read(dataset, list(range(8))) == list(range(8))
+    assert reads.width == 1
+    assert reads.ratio == pytest.approx(1.0)
+    assert reads._pool is None  # no thread was started
+
+
+def test_reads_that_wait_go_wide_from_the_first_read_on() -> None:
+    clocks = _Clocks()
+    reads = _reads(clocks, limit=16)
+    dataset = clocks.dataset(wall=0.010, cpu=0.0001)  # waits 100x its CPU time
+    # The first read alone is measured, then the rest of the first batch goes at once.
+    assert reads.read(dataset, [0]) == [0]
+    assert reads.width == 16  # ceil(100), at most the limit
+    try:
+        assert reads.read(dataset, list(range(40))) == list(range(40))  # in key order
+    finally:
+        reads.close()
+
+
+def test_the_width_follows_the_ratio_and_comes_back_down() -> None:
+    clocks = _Clocks()
+    reads = _reads(clocks)
+    reads._measured(0.010, 0.001)
+    assert reads.width == 10
+    for _ in range(30):  # the reads stop waiting: the moving average follows
+        reads._measured(0.001, 0.001)
+    assert reads.ratio < PARALLEL_FROM
+    assert reads.width == 1
+
+
+def test_collect_gives_each_failure_in_its_place() -> None:
+    clocks = _Clocks()
+    reads = _reads(clocks)
+    data = Waiting(n=8, latency=0.0, fail=frozenset({2, 5}))
+    results = reads.read(data, list(range(8)), collect=True)
+    assert [r.error.args[0] if isinstance(r, Failed) else r for r in results] == [
+        0, 1, "sample 2 is missing", 3, 4, "sample 5 is missing", 6, 7,
+    ]  # fmt: skip
+
+
+# -- in the loader -------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_thread_workers_read_a_batch_at_once_and_hand_out_torchs_batches() -> None:
+    data = Waiting()
+    generator = torch.Generator()
+    generator.manual_seed(4)
+    want = [
+        b.tolist() for b in tud.DataLoader(data, batch_size=16, shuffle=True, generator=generator)
+    ]
+    generator.manual_seed(4)
+    loader = _threads(dataset=data, shuffle=True, generator=generator)
+    data.most = 0
+    assert [b.tolist() for b in loader] == want
+    assert data.most > 2 * 2  # more reads at once than batches in flight (2 workers x 2)
+    stats = loader.stats()
+    assert stats.concurrency == 2 * 16  # two workers, each reading its 16 samples at once
+    assert stats.read_wait_ratio > PARALLEL_FROM
+    assert "reads: up to 32 samples at once" in str(stats)
+    assert _wait_no_reads() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_read_raises_the_first_failing_key_of_the_batch() -> None:
+    data = Waiting(fail=frozenset({21, 19}))  # both in batch 1 (keys 16..31)
+    loader = _threads(dataset=data)
+    iterator = iter(loader)
+    assert next(iterator).tolist() == list(range(16))
+    with pytest.raises(KeyError, match="sample 19 is missing"):
+        next(iterator)
+    del iterator
+    loader._iterator = None
+    assert _wait_no_reads() == []
+
+
+@pytest.mark.timeout(60)
+def test_skipped_reads_are_accounted_as_when_read_one_by_one() -> None:
+    fail = frozenset({3, 17, 18, 40})
+
+    def run(loader: ferry.DataLoader[Any]) -> tuple[list[list[int]], int]:
+        batches = [b.tolist() for b in loader]
+        return batches, loader.stats().skipped
+
+    serial = run(ferry.DataLoader(Waiting(fail=fail, latency=0.0), batch_size=16, on_error="skip"))
+    parallel = run(_threads(dataset=Waiting(fail=fail), on_error="skip"))
+    assert parallel == serial
+    assert serial[1] == len(fail)
+
+
+@pytest.mark.timeout(60)
+def test_a_read_that_ends_the_epoch_ends_it_as_in_torch() -> None:
+    class Short(Waiting):
+        def __getitem__(self, index: int) -> int:
+            if index >= 40:
+                raise StopIteration
+            return super().__getitem__(index)
+
+    want = [b.tolist() for b in tud.DataLoader(Short(latency=0.0), batch_size=16)]
+    assert [b.tolist() for b in _threads(dataset=Short())] == want
+
+
+@pytest.mark.timeout(60)
+def test_resume_mid_epoch_with_parallel_reads_is_exact() -> None:
+    def loader() -> ferry.DataLoader[Any]:
+        return _threads(shuffle=True, generator=torch.Generator().manual_seed(9))
+
+    whole = [b.tolist() for b in loader()]
+    first = loader()
+    iterator = iter(first)
+    head = [next(iterator).tolist() for _ in range(2)]
+    state = first.state_dict()
+    del iterator
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == whole
+
+
+@pytest.mark.timeout(60)
+def test_a_dataset_with_getitems_decides_its_reads_itself() -> None:
+    class Many(Waiting):
+        calls = 0
+
+        def __getitems__(self, indices: list[int]) -> list[int]:
+            type(self).calls += 1
+            return [self[i] for i in indices]
+
+    data = Many(n=32)
+    assert [b.tolist() for b in _threads(dataset=data)] == [list(range(16)), list(range(16, 32))]
+    assert Many.calls == 2
+    assert data.most <= 2  # one read at a time per worker
+
+
+@pytest.mark.timeout(60)
+def test_persistent_workers_keep_their_reads_until_the_loader_lets_go() -> None:
+    loader = _threads(persistent_workers=True)
+    for _ in range(2):
+        assert len(list(loader)) == 6
+    assert _reads_alive()
+    loader._iterator = None
+    assert _wait_no_reads() == []
