@@ -116,10 +116,22 @@ def too_many_workers(num_workers: int, worker_type: str) -> str | None:
             "is smaller than what this DataLoader is going to create."
         )
     kind = "threads" if worker_type == "thread" else "processes"
-    return (
-        f"This DataLoader will create {num_workers} worker {kind} in total. {limit} "
-        "Workers beyond the CPU count compete for the CPUs, which is usually slower and can "
-        "make loading stall: consider lowering num_workers."
+    head = f"This DataLoader will create {num_workers} worker {kind} in total. {limit} "
+    if worker_type == "thread":
+        # torch's phrase (code matches it), and what is true of threads: the CPU count bounds
+        # only the threads that compute; threads that wait on I/O do not compete for it.
+        return head + (
+            "Please be aware that excessive worker creation might get DataLoader running slow "
+            "or even freeze when the threads compete for the CPUs: thread workers that compute "
+            "in Python share one CPU (the GIL), so more of them than CPUs gain nothing. Threads "
+            "that wait on I/O (network, object stores) are not bound by the CPU count, and "
+            "each thread worker already reads the samples of its batch at once when they wait "
+            "(loader.stats() shows the concurrency): a few usually suffice."
+        )
+    return head + (
+        "Please be aware that excessive worker creation might get DataLoader running slow or "
+        "even freeze: workers beyond the CPU count compete for the CPUs; lower num_workers to "
+        "avoid potential slowness/freeze if necessary."
     )
 
 

@@ -440,6 +440,7 @@ WARNINGS = [
             "This DataLoader will create 2 worker processes in total",
             "Our suggested max number of worker in current system is 1, which is smaller than "
             "what this DataLoader is going to create",
+            "excessive worker creation might get DataLoader running slow or even freeze",
         ),
     ),
     Case(
@@ -450,6 +451,7 @@ WARNINGS = [
             "This DataLoader will create 2 worker processes in total",
             r"Our suggested max number of worker in current system is 1 \(`cpuset` is not taken "
             r"into account\), which is smaller than what this DataLoader is going to create",
+            "excessive worker creation might get DataLoader running slow or even freeze",
         ),
     ),
     Case(
@@ -459,6 +461,7 @@ WARNINGS = [
         (
             "This DataLoader will create 2 worker processes in total",
             "DataLoader is not able to compute a suggested max number of worker in current system",
+            "excessive worker creation might get DataLoader running slow or even freeze",
         ),
     ),
     Case(
@@ -613,3 +616,16 @@ def test_warnings(case: Case) -> None:
 @pytest.mark.parametrize("case", params(WORKER_FAILURES))
 def test_worker_failures(case: Case) -> None:
     check(case)
+
+
+def test_too_many_thread_workers_says_what_is_true_of_threads() -> None:
+    """Thread workers (ferry only) keep torch's phrase, and say that threads waiting on I/O are
+    not bound by the CPU count."""
+    import ferry
+
+    with cpus({0}, 8), pytest.warns(UserWarning, match="worker threads in total") as caught:
+        ferry.DataLoader(range(4), num_workers=2, worker_type="thread")
+    (message,) = [str(w.message) for w in caught]
+    assert "This DataLoader will create 2 worker threads in total" in message
+    assert "excessive worker creation might get DataLoader running slow or even freeze" in message
+    assert "Threads that wait on I/O (network, object stores) are not bound by the CPU" in message
