@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ferry._engine.aio import AsyncReads
 from ferry._engine.reads import Failed, SampleReads
 from ferry.collate import RowBatch, default_collate, default_map_is_pristine
 from ferry.datasets import fetch_many, tensor_gather
@@ -95,7 +96,7 @@ class MapFetcher(_TimedFetch):
         auto_collation: bool,
         collate_fn: Callable[..., Any],
         skip_as: int | None = None,
-        reads: SampleReads | None = None,
+        reads: SampleReads | AsyncReads | None = None,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
@@ -104,14 +105,16 @@ class MapFetcher(_TimedFetch):
         self._default = collate_fn is default_collate
         self.gather = one_call_gather(dataset, auto_collation, collate_fn)
         # Per-sample reads, in parallel when they wait (thread workers; see reads.py): only
-        # for a dataset read one __getitem__ per key (a __getitems__ decides for itself).
+        # for a dataset read one __getitem__ per key (a __getitems__ decides for itself). An
+        # async dataset's reads (aio.py) take every read, __getitems__ and batching off too.
         per_sample = auto_collation and not callable(getattr(dataset, "__getitems__", None))
-        self.reads = reads if per_sample else None
+        self.reads = reads if per_sample or isinstance(reads, AsyncReads) else None
+        self._one = reads.one if isinstance(reads, AsyncReads) else None
 
     def fetch(self, key: Any) -> Any:
         start = perf_counter()
         if not self.auto_collation:
-            samples = self.dataset[key]
+            samples = self.dataset[key] if self._one is None else self._one(self.dataset, key)
         elif isinstance(key, torch.Tensor) and self.gather is not None:
             # Already the collated batch: the columns of the rows at these indices.
             batch = list(self.gather(key))
@@ -140,7 +143,7 @@ class SkippingMapFetcher(MapFetcher):
         out short: filling it from later keys would shift every later batch's boundaries, and
         a resume's position, by the number of bad samples."""
         start = perf_counter()
-        if self.reads is not None:
+        if self.reads is not None and self.auto_collation:
             return self._fetch_each(_key_list(key), start)
         try:
             batch = super().fetch(key)
@@ -295,10 +298,11 @@ def make_fetcher(
     drop_last: bool,
     *,
     skip_as: int | None = None,
-    reads: SampleReads | None = None,
+    reads: SampleReads | AsyncReads | None = None,
 ) -> MapFetcher | IterableFetcher:
     """The fetcher for a dataset; ``skip_as``: the worker id, with ``on_error="skip"``;
-    ``reads``: per-sample reads shared by a loader's thread workers (map-style only)."""
+    ``reads``: per-sample reads shared by a loader's thread workers, or an async dataset's
+    reads (map-style only)."""
     if iterable:
         return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, skip_as)
     if skip_as is not None:

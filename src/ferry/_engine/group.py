@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, cast
 
+from ferry._engine.aio import AsyncReads
 from ferry._engine.messages import NewSlab, Stop
 from ferry._engine.pin import Pinner
 from ferry._engine.plan import EpochPlan
@@ -134,8 +135,9 @@ class WorkerGroup:
         self.replaced: list[WorkerHandle] = []
         # pin_memory=True: the thread that pins the workers' batches as they arrive.
         self.pinner: Pinner | None = None
-        # Thread workers of a map-style dataset: their shared per-sample reads (reads.py).
-        self.reads: SampleReads | None = None
+        # Thread workers of a map-style dataset: their shared per-sample reads (reads.py); an
+        # async dataset's workers: its reads on an event loop (aio.py).
+        self.reads: SampleReads | AsyncReads | None = None
 
     def shutdown(self) -> None:
         """Stop every worker within about two seconds, whatever state it is in."""

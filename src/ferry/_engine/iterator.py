@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from time import perf_counter
@@ -27,6 +28,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ferry._engine.aio import AsyncReads, is_async_dataset
 from ferry._engine.alloc import using_allocator
 from ferry._engine.cursor import (
     Cursor,
@@ -501,6 +503,7 @@ class InlineIterator(LoaderIterator):
         # torch, so its __iter__ (and any random draw in it) runs at iter(loader). The main
         # process's generators are the user's: they are neither reported nor restored.
         self._keeper = PositionKeeper(plan.dataset, plan.snapshot_every, track_rng=False)
+        self._reads: AsyncReads | None = None  # an async dataset's event loop (aio.py)
         self._fetcher: MapFetcher | IterableFetcher = self._keeper.open(
             self._make_fetcher, self.worker_resume(0)
         )
@@ -525,6 +528,10 @@ class InlineIterator(LoaderIterator):
 
     def _make_fetcher(self) -> MapFetcher | IterableFetcher:
         plan = self._plan
+        self._end_reads()  # (each epoch's fetcher has its own: the loop stops as it ends)
+        if not plan.iterable_style and is_async_dataset(plan.dataset):
+            self._reads = self._track.stats.reads = AsyncReads()
+            weakref.finalize(self, self._reads.close, 1.0)
         return make_fetcher(
             plan.dataset,
             plan.iterable_style,
@@ -532,12 +539,25 @@ class InlineIterator(LoaderIterator):
             plan.collate_fn,
             plan.drop_last,
             skip_as=0 if self._skip else None,
+            reads=self._reads,
         )
+
+    def _end_reads(self) -> None:
+        """Stop an async dataset's event loop: the epoch ended (else when this iterator is
+        collected, which its loader's hold on its track delays until the loader's next
+        iterator, or the loader, is)."""
+        if self._reads is not None:
+            self._reads.close()
+            self._reads = None
 
     def _next_batch(self) -> Delivery:
         stats = self._track.stats
         start = perf_counter()
-        number, key = next(self._track.keys)
+        try:
+            number, key = next(self._track.keys)
+        except StopIteration:
+            self._end_reads()
+            raise
         stats.sampler += perf_counter() - start
         fetcher = self._fetcher
         try:
@@ -545,6 +565,9 @@ class InlineIterator(LoaderIterator):
                 batch = fetcher.fetch(key)
         except BatchDropped:  # on_error="skip", and every sample of the batch failed
             batch = DROPPED
+        except StopIteration:  # (a map-style dataset's ends the epoch)
+            self._end_reads()
+            raise
         stats.waited += 1  # made on demand: never ready before it is asked
         stats.fetch += fetcher.fetch_s
         stats.collate += fetcher.collate_s

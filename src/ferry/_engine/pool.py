@@ -27,6 +27,7 @@ from typing import Any
 
 from typing_extensions import assert_never
 
+from ferry._engine.aio import AsyncReads, is_async_dataset
 from ferry._engine.channels import WorkerGone, WorkerMessage, open_channel
 from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor, run_numbers
 from ferry._engine.failures import SkipBudget
@@ -104,8 +105,13 @@ class WorkerIterator(Incidents, LoaderIterator):
         plan = self._plan
         named = not self._threads and named_slabs()
         self._group.named_slabs = named
-        if self._threads and not plan.iterable_style and self._group.reads is None:
-            self._group.reads = SampleReads()
+        if not plan.iterable_style and self._group.reads is None:
+            # Thread workers share per-sample reads; an async dataset's workers, processes too,
+            # read on an event loop (aio.py; a process worker's is its own, made there).
+            if is_async_dataset(plan.dataset):
+                self._group.reads = AsyncReads()
+            elif self._threads:
+                self._group.reads = SampleReads()
         recovered = self._track.keys.take_recovered()
         configs = [
             WorkerConfig(
