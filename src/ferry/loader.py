@@ -360,13 +360,16 @@ class DataLoader(TorchDataLoader[T_co]):
         worker: a :class:`ferry.stats.LoaderStats`; ``print()`` it, or log ``.as_dict()``."""
         track = self._resume.track
         if track is not None:
-            workers = track.plan.num_workers
+            workers, kind = track.plan.num_workers, track.plan.worker_type
             recorder = track.stats
         else:
-            workers = self.num_workers
+            workers, kind = self.num_workers, self.worker_type
             recorder = StatsRecorder(max(workers, 1))
-        engine = "inline" if workers == 0 else self.worker_type
-        return recorder.result(engine, self._tuner.reason if self._tuner is not None else "")
+        engine = "inline" if workers == 0 else kind
+        tuning = self._tuner.reason if self._tuner is not None else ""
+        if track is not None and track.switched and track.switched not in tuning:
+            tuning = f"{track.switched}; {tuning}"
+        return recorder.result(engine, tuning)
 
     def _retune(self) -> None:
         """At an epoch boundary, let the tuner change ``num_workers``/``prefetch_factor``
@@ -375,8 +378,14 @@ class DataLoader(TorchDataLoader[T_co]):
         track = self._resume.track
         if track is None or not track.finished or self._resume.pending is not None:
             return
+        # The workers of the last epoch became threads when their reads waited: the next
+        # epochs start with threads (see WorkerIterator._become_threads).
+        switched = track.switched if track.plan.worker_type != self.worker_type else ""
         current = (self.num_workers, self.prefetch_factor)
         chosen = self._tuner.after_epoch(self.stats(), current)
+        if switched:
+            self.worker_type = "thread"
+            self._tuner.reason = f"{switched}; {self._tuner.reason}"
         if chosen != current:
             # Persistent workers are replaced; the next epoch begins as theirs would have (a
             # fresh iterator would draw another base seed, and shuffle differently).
@@ -486,6 +495,7 @@ class DataLoader(TorchDataLoader[T_co]):
             buffer_pool=self._buffer_pool(),
             reported_length=self._IterableDataset_len_called,
             snapshot_every=self.snapshot_every_n_steps,
+            threads_if_waiting=self._tuner is not None and self.worker_type == "process",
             failures=FailurePolicy.from_options(
                 self.on_error, self.max_errors, self.max_worker_restarts, self.stall_warning
             ),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import Any
 
 import torch
@@ -73,6 +73,9 @@ class _TimedFetch:
     skip_as: int | None = None
     fetch_s = 0.0
     collate_s = 0.0
+    # CPU seconds the fetching thread used for the last batch (map-style; with per-sample
+    # parallel reads, only its own share): against fetch_s + collate_s, how much it waited.
+    cpu_s = 0.0
     outcome: Outcome = (0, ())
 
     def _dropped(self, index: Any, exc: BaseException, stream: bool) -> SkippedSample:
@@ -112,6 +115,13 @@ class MapFetcher(_TimedFetch):
         self._one = reads.one if isinstance(reads, AsyncReads) else None
 
     def fetch(self, key: Any) -> Any:
+        cpu = thread_time()
+        try:
+            return self._fetch(key)
+        finally:
+            self.cpu_s = thread_time() - cpu
+
+    def _fetch(self, key: Any) -> Any:
         start = perf_counter()
         if not self.auto_collation:
             samples = self.dataset[key] if self._one is None else self._one(self.dataset, key)
@@ -137,7 +147,7 @@ class SkippingMapFetcher(MapFetcher):
     """A :class:`MapFetcher` for ``on_error="skip"`` (its own class, so the common path has no
     skip check)."""
 
-    def fetch(self, key: Any) -> Any:
+    def _fetch(self, key: Any) -> Any:
         """``on_error="skip"``: the batch in one go first (the fast path, and the common case);
         if that raises, sample by sample, dropping the samples that raise. The batch then comes
         out short: filling it from later keys would shift every later batch's boundaries, and
@@ -146,7 +156,7 @@ class SkippingMapFetcher(MapFetcher):
         if self.reads is not None and self.auto_collation:
             return self._fetch_each(_key_list(key), start)
         try:
-            batch = super().fetch(key)
+            batch = super()._fetch(key)
         except StopIteration:
             raise  # ends a map-style epoch, as in torch: not a bad sample
         except Exception as exc:

@@ -117,6 +117,8 @@ class EpochTrack:
         self.loaded: Cursor | None = None  # the cursor this epoch was resumed from
         self.yielded = 0  # batches handed out by this iterator in this epoch
         self.finished = False  # StopIteration was raised
+        # What num_workers="auto" changed within the epoch, and why ("": nothing).
+        self.switched = ""
         # Where the epoch's time goes (ferry.stats), kept beside the position.
         self.stats = StatsRecorder(max(plan.num_workers, 1))
         # on_error="skip": the samples dropped so far in the run (counts are in the cursor).

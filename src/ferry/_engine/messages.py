@@ -130,6 +130,9 @@ class Done:
     # on_error="skip": (samples tried, samples dropped); ``empty``: all were, there is no batch
     outcome: Any = None
     empty: bool = False
+    # CPU seconds the worker's thread used making it (against the fetch and collate seconds of
+    # ``timing``: how much of the batch was waiting; num_workers="auto" reads it).
+    cpu: float = 0.0
 
 
 @dataclass(frozen=True)

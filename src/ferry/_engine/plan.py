@@ -52,6 +52,9 @@ class EpochPlan:
     snapshot_every: int = 1
     # on_error, max_errors, max_worker_restarts, stall_warning
     failures: FailurePolicy = field(default_factory=FailurePolicy)
+    # num_workers="auto" with process workers: they may give way to thread workers within the
+    # epoch when the reads are measured to wait (see WorkerIterator._become_threads).
+    threads_if_waiting: bool = False
 
     @property
     def auto_collation(self) -> bool:

@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import time
 import weakref
+from dataclasses import replace
 from typing import Any
 
 from typing_extensions import assert_never
@@ -44,7 +45,7 @@ from ferry._engine.keys import stateful_part
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
-from ferry._engine.reads import SampleReads
+from ferry._engine.reads import POOL_LIMIT, SampleReads, WaitJudge
 from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
 from ferry._engine.worker import WorkerConfig
 from ferry.distributed import _process_group_rank_world as process_group_rank_world
@@ -98,6 +99,19 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._replays = (
             not self._threads and not plan.iterable_style and stateful_part(plan.dataset)
         )
+        # num_workers="auto": process workers whose reads wait give way to threads (see
+        # _become_threads); the first batches' wall and CPU seconds decide.
+        self._judge_waiting = (
+            plan.threads_if_waiting
+            and not self._threads
+            and not plan.iterable_style
+            and not self._replays
+            and not stateful_part(plan.dataset)
+            # (an async dataset's process workers await on a loop of their own already)
+            and not is_async_dataset(plan.dataset)
+        )
+        self._judge = WaitJudge(batches=plan.num_workers)
+        self._to_threads = ""  # why the workers should become threads now ("": they stay)
         self._start_group()
 
     def _start_group(self) -> None:
@@ -134,6 +148,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                 replay=self._replay(i, recovered),
                 report_start=self._replays,
                 reads=self._group.reads,
+                read_limit=POOL_LIMIT // self._num_workers if self._judge_waiting else 0,
             )
             for i in range(self._num_workers)
         ]
@@ -290,6 +305,8 @@ class WorkerIterator(Incidents, LoaderIterator):
     def _next_batch(self) -> Delivery:
         if self._fatal is not None:
             raise self._fatal
+        if self._to_threads:
+            self._become_threads()
         try:
             return self._next_result()
         except StopIteration:
@@ -300,6 +317,56 @@ class WorkerIterator(Incidents, LoaderIterator):
             self._fatal = exc
             self._finalizer()
             raise
+
+    def _become_threads(self) -> None:
+        """``num_workers="auto"``: the process workers wait on their reads, so as many thread
+        workers take over here, at a batch boundary, and read each batch's samples at once
+        (:mod:`ferry._engine.reads`). Every batch not handed out yet is fetched again by the
+        thread worker with the process worker's id, from the same key: the epoch's batches
+        and their order do not change (random augmentations then draw from the main
+        process's generators, as thread workers do). Only for a map-style dataset with no
+        state of its own (``_judge_waiting``), so no worker's position has to move over."""
+        why, self._to_threads = self._to_threads, ""
+        self._finalizer()  # the process workers stop; their batches not handed out are dropped
+        self._plan = replace(self._plan, worker_type="thread")
+        self._track.plan = self._plan
+        self._track.switched = why
+        self._threads = True
+        self._judge_waiting = False
+        self._group = WorkerGroup()
+        self._finalizer = weakref.finalize(self, self._group.shutdown)
+        self._group.reads = SampleReads()
+        self._track.stats.reads = self._group.reads
+        if self._plan.pin:
+            self._group.pinner = Pinner(self._plan.pin_memory_device)
+        configs = [
+            replace(
+                config,
+                parent_pid=os.getpid(),
+                resume=None,  # (no state of its own; a thread's generators are the process's)
+                track_rng=False,
+                named_slabs=False,
+                reads=self._group.reads,
+                read_limit=0,
+            )
+            for config in self._configs
+        ]
+        self._configs = configs
+        publish_threads_to_torch()
+        try:
+            start_threads(self._group, configs, self._plan)
+        except BaseException as exc:
+            self._fatal = exc
+            self._finalizer()
+            raise
+        self._workers = self._group.workers
+        self._channel = open_channel(self._group, True)
+        self._in_flight = [0] * self._num_workers
+        for number in sorted(self._tasks):
+            task = self._tasks[number]
+            task.arrived, task.result, task.error, task.outcome = False, None, None, None
+            self._in_flight[task.worker_id] += 1
+            self._channel.send_task(self._workers[task.worker_id], number, task.key)
 
     def _next_result(self) -> Delivery:
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
@@ -447,6 +514,9 @@ class WorkerIterator(Incidents, LoaderIterator):
                 self._latest[worker_id] = task.position = latest
                 stats = self._track.stats
                 stats.worker_made(worker_id, *message.timing)
+                if self._judge_waiting and not self._judge.decided:
+                    fetch, collate = message.timing[0], message.timing[1]
+                    self._to_threads = self._judge.add(fetch + collate, message.cpu)
                 task.outcome = message.outcome
                 if message.empty:
                     task.result = DROPPED

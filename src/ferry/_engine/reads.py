@@ -32,7 +32,7 @@ from concurrent.futures import Future
 from time import perf_counter, thread_time
 from typing import Any
 
-__all__ = ["PARALLEL_FROM", "POOL_LIMIT", "Failed", "SampleReads"]
+__all__ = ["PARALLEL_FROM", "POOL_LIMIT", "Failed", "SampleReads", "WaitJudge"]
 
 # Reads run in parallel once they wait at least this many times their CPU time.
 PARALLEL_FROM = 4.0
@@ -224,3 +224,34 @@ class SampleReads:
         deadline = perf_counter() + timeout
         for thread in pool.shutdown():
             thread.join(max(deadline - perf_counter(), 0.0))
+
+
+class WaitJudge:
+    """Whether process workers wait on their reads (``num_workers="auto"``): from the first
+    ``batches`` batches they make, their wall seconds (fetch and collate) against the CPU
+    seconds their thread used. Decides once; :meth:`add` returns why they should become
+    thread workers, or "" (not yet, or they stay)."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = max(batches, 1)
+        self.wall = self.cpu = 0.0
+        self.seen = 0
+        self.decided = False
+
+    def add(self, wall: float, cpu: float) -> str:
+        if self.decided:
+            return ""
+        self.wall += wall
+        self.cpu += cpu
+        self.seen += 1
+        if self.seen < self.batches:
+            return ""
+        self.decided = True
+        ratio = self.wall / max(self.cpu, 1e-7)
+        if ratio < PARALLEL_FROM:
+            return ""
+        return (
+            f"worker_type='thread' from batch {self.seen} of the first epoch on: the process "
+            f"workers' batches took {ratio:.0f}x the CPU time they used (their reads wait), and "
+            "thread workers read the samples of a batch at once"
+        )

@@ -47,6 +47,7 @@ from ferry._engine.messages import (
     Stop,
 )
 from ferry._engine.position import PositionKeeper
+from ferry._engine.reads import SampleReads
 from ferry._engine.shm import SLABS_SUPPORTED, SlabAllocator, encode_batch
 from ferry._engine.slabfile import remove_names, send_fd
 from ferry.distributed import _inherit_rank_world as inherit_rank_world
@@ -91,6 +92,9 @@ class WorkerConfig:
     report_start: bool = False
     # Thread workers of a map-style dataset: the loader's shared per-sample reads (reads.py).
     reads: Any = None
+    # Process workers under num_workers="auto": per-sample reads of the worker's own, at most
+    # this many at once (0: one after another, as torch).
+    read_limit: int = 0
 
     @property
     def seed(self) -> int:
@@ -108,8 +112,20 @@ class WorkerConfig:
             self.collate_fn,
             self.drop_last,
             skip_as=self.worker_id if self.skip else None,
-            reads=self.reads,
+            reads=self.reads if self.reads is not None else _own_reads(self.read_limit),
         )
+
+
+_PROCESS_READS: list[SampleReads] = []  # a process worker's own reads, made once
+
+
+def _own_reads(limit: int) -> SampleReads | None:
+    """The per-sample reads of this worker process (``read_limit``), one for its lifetime."""
+    if not limit:
+        return None
+    if not _PROCESS_READS:
+        _PROCESS_READS.append(SampleReads(limit))
+    return _PROCESS_READS[0]
 
 
 def seed_process(config: WorkerConfig) -> None:
@@ -254,7 +270,8 @@ def run_worker_loop(
                 announce(NewSlab(slab.id, slab.size, slab.name), slab.fd)
                 slab.shared()
                 slab.announced = True
-        send(Done(message.task, payload, tuple(s.id for s in used), report, timing, outcome))
+        used_ids = tuple(s.id for s in used)
+        send(Done(message.task, payload, used_ids, report, timing, outcome, cpu=fetcher.cpu_s))
 
 
 def _watch_parent(

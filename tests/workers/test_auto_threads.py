@@ -1,0 +1,144 @@
+"""``num_workers="auto"``: process workers whose reads wait give way to thread workers within
+the first epoch (``WorkerIterator._become_threads``), without changing a batch.
+
+The process workers read per sample too (their own pool), and the first batch of each worker
+tells (``WaitJudge``: wall time over the CPU time the worker's thread used). Then the same number
+of thread workers take over at a batch boundary and fetch every batch not yet handed out again,
+from the same keys; the next epochs start with threads. CPU-bound work, and datasets with a
+state of their own, stay in processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psutil
+import pytest
+import torch
+import torch.utils.data as tud
+
+import ferry
+from ferry._engine.reads import PARALLEL_FROM, WaitJudge
+from workers.test_sample_reads import Waiting, _wait_no_reads
+
+
+class Busy(tud.Dataset[int]):
+    """CPU-bound: each sample spins for ``work`` seconds of CPU."""
+
+    def __init__(self, n: int = 64, work: float = 0.002) -> None:
+        self.n, self.work = n, work
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        end = time.thread_time() + self.work
+        while time.thread_time() < end:
+            pass
+        return index
+
+
+class Counted(Waiting):
+    """Waiting, with a state of its own."""
+
+    def state_dict(self) -> dict[str, int]:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.n = state["n"]
+
+
+def _auto(dataset: Any, **kwargs: Any) -> ferry.DataLoader[Any]:
+    return ferry.DataLoader(dataset, batch_size=8, num_workers="auto", **kwargs)
+
+
+def test_the_judge_decides_once_from_the_first_batches() -> None:
+    judge = WaitJudge(batches=2)
+    assert judge.add(0.32, 0.001) == ""  # one batch: not yet
+    why = judge.add(0.30, 0.002)
+    assert "worker_type='thread'" in why
+    assert judge.decided
+    assert judge.add(0.3, 0.001) == ""  # decided: nothing more
+    cpu_bound = WaitJudge(batches=1)
+    assert cpu_bound.add(0.01, 0.01 / (PARALLEL_FROM - 1)) == ""
+    assert cpu_bound.decided
+
+
+@pytest.mark.timeout(90)
+def test_waiting_process_workers_become_threads_with_torchs_batches() -> None:
+    data = Waiting(n=160)
+
+    generator = torch.Generator().manual_seed(2)
+    reference = tud.DataLoader(data, batch_size=8, shuffle=True, generator=generator)
+    want = [[b.tolist() for b in reference] for _ in range(2)]
+    loader = _auto(data, shuffle=True, generator=torch.Generator().manual_seed(2))
+    iterator = iter(loader)
+    processes = [w.pid for w in iterator._workers]  # type: ignore[attr-defined]
+    assert all(pid is not None for pid in processes)  # it starts with process workers
+    got = [[b.tolist() for b in iterator]]
+    del iterator
+    stats = loader.stats()
+    assert stats.engine == "thread"
+    assert "worker_type='thread' from batch" in stats.tuning
+    assert stats.concurrency > loader.num_workers
+    got.append([b.tolist() for b in loader])
+    assert loader.stats().engine == "thread"
+    assert got == want
+    assert loader.worker_type == "thread"  # the next epochs start with threads
+    assert not [pid for pid in processes if psutil.pid_exists(pid)]  # stopped at the switch
+    assert _wait_no_reads() == []
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("dataset", [Busy(), Counted(n=64)], ids=["cpu_bound", "stateful"])
+def test_cpu_bound_and_stateful_datasets_stay_in_processes(dataset: Any) -> None:
+    loader = _auto(dataset)
+    assert [x for b in loader for x in b.tolist()] == list(range(len(dataset)))
+    assert loader.stats().engine == "process"
+    assert loader.worker_type == "process"
+
+
+@pytest.mark.timeout(90)
+def test_a_state_taken_after_the_switch_resumes_exactly() -> None:
+    def loader() -> ferry.DataLoader[Any]:
+        return _auto(Waiting(n=120), shuffle=True, generator=torch.Generator().manual_seed(5))
+
+    whole = [b.tolist() for b in loader()]
+    first = loader()
+    iterator = iter(first)
+    head = [next(iterator).tolist() for _ in range(6)]
+    assert first.stats().engine == "thread"
+    state = first.state_dict()
+    del iterator
+    first._iterator = None
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == whole
+
+
+@pytest.mark.timeout(90)
+def test_an_error_after_the_switch_names_the_failing_sample() -> None:
+    loader = _auto(Waiting(n=64, fail=frozenset({45})))
+    iterator = iter(loader)
+    for _ in range(5):  # keys 0..39
+        next(iterator)
+    with pytest.raises(KeyError, match="sample 45 is missing"):
+        next(iterator)  # keys 40..47
+    assert loader.stats().engine == "thread"
+    del iterator
+    assert _wait_no_reads() == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("ferry-worker-")]
+
+
+@pytest.mark.timeout(90)
+def test_an_async_dataset_stays_in_processes_that_await_it() -> None:
+    """Its process workers look idle (the awaits run on their own loop), but they already keep
+    a batch's reads in flight at once: no switch, and the batches are the sync twin's."""
+    from workers.test_async_dataset import Local, Remote
+
+    want = [b[0].tolist() for b in tud.DataLoader(Local(), batch_size=8)]
+    loader = _auto(Remote())
+    assert [b[0].tolist() for b in loader] == want
+    assert loader.stats().engine == "process"
