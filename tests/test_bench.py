@@ -73,7 +73,8 @@ def _rows() -> list[Row]:
 
 def test_defaults_run_every_workload_with_0_and_2_workers_3_reps() -> None:
     config = cli.config_from_args(_args())
-    assert config.workloads == tuple(WORKLOADS) == ("tensor", "image", "dict", "jpeg", "stream")
+    assert config.workloads == tuple(WORKLOADS)
+    assert tuple(WORKLOADS) == ("tensor", "image", "dict", "jpeg", "stream", "io10", "io50")
     assert config.workers == (0, 2)
     assert (config.reps, config.warmup, config.quick, config.batch_size) == (3, 1, False, None)
     assert config.candidate == "ferry"
@@ -248,6 +249,8 @@ def test_json_has_metadata_and_one_record_per_row(
         "peak_rss_bytes",
         "first_batch_s",
         "runs",
+        "epoch_batches_per_s",
+        "concurrency",
     }
     assert rows[1]["ferry"] is None
     assert rows[1]["error"].startswith("ferry threads: run: TypeError")

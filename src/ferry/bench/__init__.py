@@ -4,6 +4,7 @@
 - :mod:`ferry.bench.measure`: how CPU, memory and the memcpy bound are measured, and why so.
 - :mod:`ferry.bench.runner`: alternation of the loaders, warm-up, repetitions, timed window.
 - :mod:`ferry.bench.results`: the figures of a run, their medians, the rows of the report.
+- :mod:`ferry.bench.latency`: the I/O-latency rows beside their C/L and CPU bounds.
 - :mod:`ferry.bench.report`: the table, the ``--json`` document and the ``--plot`` chart.
 - :mod:`ferry.bench.cli`: the options of the ``bench`` subcommand.
 

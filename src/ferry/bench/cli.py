@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ferry._cli import positive_int, prepare_output, seconds
+from ferry.bench.latency import format_latency
 from ferry.bench.report import (
     MissingExtra,
     format_table,
@@ -34,7 +35,9 @@ DESCRIPTION = """\
 Runs built-in workloads (data made on the fly, nothing downloaded) through
 torch.utils.data.DataLoader and ferry.DataLoader with identical arguments, alternating the two,
 and prints a table of medians: batches/s and their ratio, CPU per batch, peak memory, time to
-the first batch, and the memcpy bound of each batch's bytes."""
+the first batch, and the memcpy bound of each batch's bytes. The I/O-latency workloads (io10,
+io50) get a second table: samples/s beside the bound that the loader's concurrency C allows at
+the latency L (C/L) and the CPU bound."""
 
 
 def _workload_names(text: str) -> tuple[str, ...]:
@@ -155,6 +158,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 130
     _progress(f"ferry bench: done in {time.perf_counter() - started:.1f} s")
     print(format_table(rows))
+    latency = format_latency(rows)
+    if latency:
+        print()
+        print(latency)
     resume_rows: list[ResumeRow] = []
     if not args.no_resume and config.candidate == "ferry":
         resume_rows = run_resume(config.quick, config.reps, _progress)

@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -45,6 +45,7 @@ __all__ = [
     "RunTimeout",
     "batch_digest",
     "batch_nbytes",
+    "check_keys",
     "deadline",
     "descendants",
     "memcpy_batches_per_s",
@@ -282,3 +283,27 @@ def memcpy_batches_per_s(nbytes: int, trials: int = 5, trial_s: float = 0.01) ->
             elapsed = time.perf_counter() - start
         best = max(best, copies / elapsed)
     return best
+
+
+def check_keys(seen: Iterable[int], samples: int, *, whole_epoch: bool) -> None:
+    """Raise ``ValueError`` unless every index in ``seen`` is in ``range(samples)`` and came
+    once; over a whole epoch, unless every index of the range came.
+
+    A loader that drops, repeats or invents samples must not get a figure: it would look fast.
+    """
+    counts: dict[int, int] = {}
+    for key in seen:
+        counts[key] = counts.get(key, 0) + 1
+    repeated = sorted(key for key, count in counts.items() if count > 1)
+    foreign = sorted(key for key in counts if not 0 <= key < samples)
+    missing = samples - (len(counts) - len(foreign)) if whole_epoch else 0
+    problems = []
+    if repeated:
+        problems.append(f"{len(repeated)} indices came more than once (first {repeated[0]})")
+    if foreign:
+        problems.append(f"{len(foreign)} indices outside range({samples}) (first {foreign[0]})")
+    if missing:
+        first = next(key for key in range(samples) if key not in counts)
+        problems.append(f"{missing} of {samples} indices never came (first {first})")
+    if problems:
+        raise ValueError("; ".join(problems))

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ferry.bench.latency import latency_lines
 from ferry.bench.measure import HAVE_PROC
 from ferry.bench.results import Row, Summary
 from ferry.bench.runner import Config
@@ -189,6 +190,7 @@ def _row_record(row: Row) -> dict[str, Any]:
         "ratio": row.ratio,
         "memcpy_batches_per_s": row.memcpy_batches_per_s,
         "ferry_fraction_of_memcpy": row.ferry_fraction_of_memcpy,
+        "latency_s": row.latency_s,
         "error": row.error,
         "errors": list(row.errors),
         "tracebacks": list(row.details),
@@ -196,8 +198,20 @@ def _row_record(row: Row) -> dict[str, Any]:
 
 
 def to_json(rows: Sequence[Row], meta: dict[str, Any]) -> dict[str, Any]:
-    """The ``--json`` document: ``{"meta": {...}, "rows": [one record per table row]}``."""
-    return {"meta": meta, "rows": [_row_record(row) for row in rows]}
+    """The ``--json`` document: ``{"meta": {...}, "rows": [one record per table row]}``, and
+    ``"latency": [one record per loader of a latency row]`` when there are such rows."""
+    document: dict[str, Any] = {"meta": meta, "rows": [_row_record(row) for row in rows]}
+    lines = latency_lines(rows)
+    if lines:
+        document["latency"] = [
+            {
+                **dataclasses.asdict(line),
+                "share_of_bound": line.share_of_bound,
+                "bound_by": line.bound_by,
+            }
+            for line in lines
+        ]
+    return document
 
 
 def write_plot(rows: Sequence[Row], path: Path) -> None:

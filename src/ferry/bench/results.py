@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Row", "RunMetrics", "Summary", "measured", "median"]
 
@@ -22,6 +23,8 @@ class RunMetrics:
     cpu_s_per_batch: float
     peak_rss_bytes: int
     first_batch_s: float
+    epoch_batches_per_s: float | None = None  # batches over the time from iter() to the last
+    concurrency: int | None = None  # samples the loader could have in flight (see latency.py)
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class Summary:
     peak_rss_bytes: int
     first_batch_s: float
     runs: int
+    epoch_batches_per_s: float | None = None
+    concurrency: int | None = None
 
     @classmethod
     def of(cls, runs: Sequence[RunMetrics]) -> Summary | None:
@@ -45,6 +50,8 @@ class Summary:
             peak_rss_bytes=round(median([r.peak_rss_bytes for r in runs])),
             first_batch_s=median([r.first_batch_s for r in runs]),
             runs=len(runs),
+            epoch_batches_per_s=_median_or_none([r.epoch_batches_per_s for r in runs]),
+            concurrency=_median_or_none([r.concurrency for r in runs], whole=True),
         )
 
 
@@ -62,6 +69,7 @@ class Row:
     memcpy_batches_per_s: float | None
     errors: tuple[str, ...] = ()  # one line per failed side: "ferry: run: TypeError: ..."
     details: tuple[str, ...] = ()  # full tracebacks of the errors, for --json
+    latency_s: float | None = None  # the workload's wait per sample, when it has one
 
     @property
     def error(self) -> str | None:
@@ -88,6 +96,15 @@ def median(values: Sequence[float]) -> float:
     if not values:
         raise ValueError("median of no values")
     return float(statistics.median(values))
+
+
+def _median_or_none(values: Sequence[float | None], whole: bool = False) -> Any:
+    """The median of the values that are known (rounded when ``whole``); None if none are."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    middle = median(known)
+    return round(middle) if whole else middle
 
 
 def measured(runs: Sequence[RunMetrics], warmup: int) -> list[RunMetrics]:

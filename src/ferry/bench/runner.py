@@ -10,7 +10,10 @@ the rest of the epoch (the dataset holds exactly ``batches * batch_size`` sample
 iterator on the last batch. Batches/s and CPU/batch are steady-state figures over the window
 from the first batch to the last, so start-up is reported once, as time to first batch, and is
 not mixed into the throughput; nor is shutdown. Under ``--quick`` the warm-up runs stop after a
-quarter of the batches, to keep the smoke test short.
+quarter of the batches, to keep the smoke test short. Each run also keeps its rate from
+``iter()`` to the last batch (the epoch rate, start-up included) and the concurrency the loader
+had (:func:`~ferry.bench.latency.loader_concurrency`), for the latency report. Where the
+workload names each batch's sample indices, the run fails unless each came exactly once.
 
 A failing side (an unsupported option, a crash, a hang past ``--timeout``) fails its row only.
 """
@@ -27,11 +30,13 @@ from typing import Any
 
 import torch
 
+from ferry.bench.latency import loader_concurrency
 from ferry.bench.measure import (
     CpuSnapshot,
     MemorySampler,
     batch_digest,
     batch_nbytes,
+    check_keys,
     deadline,
     memcpy_batches_per_s,
 )
@@ -79,7 +84,11 @@ class Config:
 
     def batch_size_of(self, workload: Workload) -> int:
         """The batch size ``workload`` runs with."""
-        return self.batch_size or workload.batch_size
+        if self.batch_size:
+            return self.batch_size
+        if self.quick and workload.quick_batch_size:
+            return workload.quick_batch_size
+        return workload.batch_size
 
 
 def load_api(name: str) -> LoaderAPI:
@@ -163,12 +172,15 @@ def _run_once(
     )
     gc.collect()  # so garbage from the previous run is not collected inside this one
     iterator: Any = None
+    keys, seen = workload.keys, list[int]()
     with deadline(config.timeout_s), MemorySampler() as memory:
         try:
             cpu_before, start = CpuSnapshot.now(), time.perf_counter()
             iterator = iter(loader)
             batch = next(iterator)
             first_batch_s = time.perf_counter() - start
+            if keys is not None:
+                seen.extend(keys(batch))
             if want_digest:
                 side.digest, side.nbytes = batch_digest(batch), batch_nbytes(batch)
             del batch
@@ -176,9 +188,11 @@ def _run_once(
             window_start = window_end = time.perf_counter()
             cpu_start, cpu_end = CpuSnapshot.now(), None
             count = 1
-            for _ in iterator:
+            for batch in iterator:
                 count += 1
                 window_end = time.perf_counter()
+                if keys is not None:
+                    seen.extend(keys(batch))
                 if count >= limit:
                     # The last batch: read the workers' clocks while they are alive, and stop
                     # before the loader's end-of-epoch work (it may join its workers then).
@@ -189,15 +203,23 @@ def _run_once(
             cpu_end = cpu_end or CpuSnapshot.now()
             cpu_s = (cpu_start if count > 1 else cpu_before).until(cpu_end)
         finally:
-            iterator = None  # shuts the workers down, still under the deadline
+            iterator = batch = None  # shuts the workers down, still under the deadline
+    if keys is not None:
+        samples = config.batches(workload) * config.batch_size_of(workload)
+        check_keys(seen, samples, whole_epoch=count >= config.batches(workload))
+    concurrency = loader_concurrency(loader, workers)
+    epoch_rate = count / max(window_end - start, 1e-9)
     if count == 1:  # a one-batch epoch has no window: report the first batch alone
-        return RunMetrics(1, 1 / first_batch_s, cpu_s, memory.peak, first_batch_s)
+        rate = 1 / first_batch_s
+        return RunMetrics(1, rate, cpu_s, memory.peak, first_batch_s, rate, concurrency)
     return RunMetrics(
         batches=count,
         batches_per_s=(count - 1) / max(window_s, 1e-9),
         cpu_s_per_batch=cpu_s / (count - 1),
         peak_rss_bytes=memory.peak,
         first_batch_s=first_batch_s,
+        epoch_batches_per_s=epoch_rate,
+        concurrency=concurrency,
     )
 
 
@@ -290,6 +312,7 @@ def _run_group(group: Group, suite: _Suite) -> list[Row]:
                 memcpy_batches_per_s=median(memcpy_rates) if memcpy_rates else None,
                 errors=tuple(errors),
                 details=tuple(s.detail for s in (torch_side, side) if s.detail),
+                latency_s=workload.latency_s,
             )
         )
     return rows

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import importlib
 import io
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "ImagePool",
     "JpegFiles",
     "LoaderAPI",
+    "SlowReads",
     "StreamSource",
     "Workload",
     "stream_class",
@@ -37,6 +39,7 @@ __all__ = [
 _IMAGE_SHAPE = (3, 224, 224)
 _JPEG_SOURCE_SIDE = 256
 _STREAM_WIDTH = 256
+_READ_BYTES = 64 << 10  # what one slow read returns
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,41 @@ class JpegFiles:
         return torch.from_numpy(np.array(resized)).permute(2, 0, 1)
 
 
+class SlowReads:
+    """Map-style: sample ``i`` waits ``latency_s``, then builds a 64 KiB uint8 array.
+
+    Models I/O-bound data (a network or object-store read per sample): the wait is a
+    ``time.sleep``, which releases the GIL as a socket read does, so the loader's concurrency,
+    not the CPU, sets the pace. A sample is ``(i, array)`` with the array filled with
+    ``i % 251``; the index lets the benchmark check that every sample arrives exactly once.
+    ``sleep`` is injectable so that tests need not wait.
+    """
+
+    def __init__(
+        self, latency_s: float, length: int, sleep: Callable[[float], object] = time.sleep
+    ) -> None:
+        self.latency_s = latency_s
+        self.length = length
+        self.sleep = sleep
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[int, Any]:
+        import numpy as np
+
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} out of range for {self.length} samples")
+        self.sleep(self.latency_s)
+        return index, np.full(_READ_BYTES, index % 251, dtype=np.uint8)
+
+
+def sample_indices(batch: Sequence[Any]) -> list[int]:
+    """The sample indices of a collated :class:`SlowReads` batch (its first field)."""
+    indices: list[int] = batch[0].tolist()
+    return indices
+
+
 class StreamSource:
     """Iterable-style body: yields ``length`` float32[256] arrays from a preallocated pool.
 
@@ -173,6 +211,11 @@ class Workload:
         shuffle: the loader's ``shuffle`` argument.
         prepare: ``(samples, quick) -> data`` made once and shared by both loaders.
         build: ``(data, samples, api) -> dataset`` made once per loader.
+        quick_batch_size: the batch size under ``--quick`` when it differs (slow samples).
+        latency_s: the wait of each sample, for a workload bound by I/O latency; the report
+            sets the measured rate beside what the loader's concurrency allows at it.
+        keys: ``batch -> sample indices``; when given, every run checks that each index
+            arrives exactly once (and, over a whole epoch, that every index arrives).
     """
 
     name: str
@@ -183,6 +226,9 @@ class Workload:
     shuffle: bool
     prepare: Callable[[int, bool], Any]
     build: Callable[[Any, int, LoaderAPI], Any]
+    quick_batch_size: int | None = None
+    latency_s: float | None = None
+    keys: Callable[[Any], list[int]] | None = None
 
     def dataset(self, data: Any, samples: int, api: LoaderAPI) -> Any:
         """The dataset of ``samples`` samples over ``data``, built from ``api``'s classes."""
@@ -235,6 +281,28 @@ def _prepare_jpegs(samples: int, quick: bool) -> list[bytes]:
         Image.fromarray(pixels.astype(np.uint8)).save(encoded, "JPEG", quality=90)
         files.append(encoded.getvalue())
     return files
+
+
+def _prepare_nothing(samples: int, quick: bool) -> None:
+    return None
+
+
+def _io_workload(latency_ms: int) -> Workload:
+    """``io<L>``: :class:`SlowReads` at L ms, batch 32, 1,024 samples (quick: 2 batches of 4)."""
+    latency_s = latency_ms / 1000
+    return Workload(
+        name=f"io{latency_ms}",
+        summary=f"{latency_ms} ms wait (sleep: a network read) + a 64 KiB array per sample",
+        batch_size=32,
+        batches=32,
+        quick_batches=2,
+        shuffle=True,
+        prepare=_prepare_nothing,
+        build=lambda data, samples, api: SlowReads(latency_s, samples),
+        quick_batch_size=4,
+        latency_s=latency_s,
+        keys=sample_indices,
+    )
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -290,5 +358,7 @@ WORKLOADS: dict[str, Workload] = {
             prepare=_prepare_stream,
             build=lambda data, samples, api: stream_class(api)(data, samples, api.get_worker_info),
         ),
+        _io_workload(10),
+        _io_workload(50),
     ]
 }
