@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import torch
 
+from ferry._batching import batch_count
 from ferry._engine.alloc import BufferPool
 from ferry._engine.autotune import Tuner
 from ferry._engine.failures import DEFAULT_STALL_WARNING, FailurePolicy, OnError
@@ -36,7 +37,6 @@ from ferry.samplers import (
     Sampler,
     SequentialSampler,
     _StreamSampler,
-    batch_count,
 )
 from ferry.stats import LoaderStats, StatsRecorder
 

@@ -19,13 +19,13 @@ Example::
 from __future__ import annotations
 
 import inspect
-import itertools
 import warnings
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, TypeVar
 
 import torch
 
+from ferry._batching import batch_record, batched, batches_in, is_batch_record, rebatch
 from ferry._engine.rng import generator_state
 from ferry._sampler_state import (
     SamplerRun,
@@ -348,36 +348,6 @@ class WeightedRandomSampler(_GeneratorState, TensorChunkSampler, TorchWeightedRa
         yield drawn[run.skip :]
 
 
-def is_batch_record(batch_sampler: object) -> bool:
-    """Whether ``batch_sampler`` is an object of torch's exact ``BatchSampler`` class: a record
-    of ``(sampler, batch_size, drop_last)`` that ferry batches by itself (see
-    :class:`BatchSampler`)."""
-    return type(batch_sampler) is TorchBatchSampler
-
-
-def batch_record(sampler: Any, batch_size: int, drop_last: bool) -> Any:
-    """An object of torch's exact ``BatchSampler`` class holding the three options, made without
-    running torch's constructor (ferry checked them with its own messages)."""
-    check_positive_int("batch_size", batch_size, error=ValueError)
-    check_bool("drop_last", drop_last, error=ValueError)
-    record = object.__new__(TorchBatchSampler)
-    vars(record).update(sampler=sampler, batch_size=batch_size, drop_last=drop_last)
-    return record
-
-
-def batch_count(index_sampler: Any) -> int:
-    """``len()`` of a loader's index sampler; a batch record's is counted here, not by torch's
-    code: ``ceil`` (or ``floor`` with ``drop_last``) of its sampler's length over the size."""
-    if not is_batch_record(index_sampler):
-        return len(index_sampler)
-    record = index_sampler
-    return _batches_in(len(record.sampler), record.batch_size, record.drop_last)
-
-
-def _batches_in(count: int, size: int, drop_last: bool) -> int:
-    return count // size if drop_last else -(-count // size)
-
-
 class _BatchSamplerType(type):
     """``isinstance(x, ferry.BatchSampler)`` holds for the records ``ferry.BatchSampler(...)``
     gives (objects of torch's exact class), as for ferry's subclasses."""
@@ -432,7 +402,7 @@ class BatchSampler(Sampler[list[Any]], TorchBatchSampler, metaclass=_BatchSample
         yield from batched(iter(self.sampler), self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
-        return _batches_in(len(self.sampler), self.batch_size, self.drop_last)  # type: ignore[arg-type]
+        return batches_in(len(self.sampler), self.batch_size, self.drop_last)  # type: ignore[arg-type]
 
 
 # inspect.signature(BatchSampler) reads __new__ first: it reports __init__'s parameters.
@@ -489,7 +459,7 @@ def index_batches(
     chunks = index_chunks(batch_sampler.sampler, run)
     if chunks is None:
         return None
-    return _rebatch(chunks, batch_sampler.batch_size, batch_sampler.drop_last)
+    return rebatch(chunks, batch_sampler.batch_size, batch_sampler.drop_last)
 
 
 def run_keys(sampler: object, run: SamplerRun) -> Iterator[Any]:
@@ -497,34 +467,6 @@ def run_keys(sampler: object, run: SamplerRun) -> Iterator[Any]:
     them, started (or resumed) as ``run`` says."""
     assert isinstance(sampler, (SequentialSampler, TensorChunkSampler, SubsetRandomSampler))
     return sampler._run_keys(run)
-
-
-def batched(keys: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
-    """``keys`` in lists of ``size``, as :class:`BatchSampler` groups them."""
-    while batch := list(itertools.islice(keys, size)):
-        if len(batch) < size and drop_last:
-            return
-        yield batch
-
-
-def _rebatch(chunks: Iterator[torch.Tensor], size: int, drop_last: bool) -> Iterator[torch.Tensor]:
-    pending: list[torch.Tensor] = []
-    pending_len = 0
-    for chunk in chunks:
-        start, end = 0, chunk.numel()
-        while start < end:
-            piece = chunk[start : start + size - pending_len]
-            start += piece.numel()
-            if not pending and piece.numel() == size:
-                yield piece
-                continue
-            pending.append(piece)
-            pending_len += piece.numel()
-            if pending_len == size:
-                yield torch.cat(pending)
-                pending, pending_len = [], 0
-    if pending and not drop_last:
-        yield torch.cat(pending)
 
 
 class _StreamSampler(Sampler[None]):

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ferry._batching import batch_count
 from ferry._engine.aio import AsyncReads, is_async_dataset
 from ferry._engine.alloc import using_allocator
 from ferry._engine.cursor import (
@@ -60,7 +61,6 @@ from ferry._engine.position import PositionKeeper
 from ferry._engine.rng import generator_state, set_generator_state
 from ferry._torch_types import TorchLoaderIterator
 from ferry.errors import EpochReplayWarning, TooManyErrors, warn_from_user_code
-from ferry.samplers import batch_count
 from ferry.stats import StatsRecorder
 
 __all__ = [

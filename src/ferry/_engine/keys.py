@@ -33,11 +33,11 @@ from typing import Any, Literal
 
 import torch
 
+from ferry._batching import batched
 from ferry._engine.plan import EpochPlan
 from ferry._engine.rng import generator_from_state, generator_state, set_generator_state
 from ferry.samplers import (
     SamplerRun,
-    batched,
     index_batches,
     is_builtin_batch_sampler,
     is_builtin_sampler,
