@@ -79,18 +79,19 @@ def test_a_slow_getitem_is_named_and_the_advice_is_faster(
     assert report["bottleneck"] == report["run"]["stats"]["bottleneck"]
     assert max(report["stage_shares"], key=report["stage_shares"].get) == "fetch"
     advised = {a["option"]: a for a in report["advice"]}
-    assert advised["num_workers"]["current"] == "0"
-    assert advised["num_workers"]["suggested"] == "2"
-    assert "2 CPUs are available" in advised["num_workers"]["reason"]
-    assert "num_workers=0 → 2: fetch and collate take" in out
+    # A sleep is a read that waits: thread workers, which read a batch's samples at once, not
+    # more processes that would each read one at a time (issue 21).
+    assert "num_workers" not in advised
+    assert advised["worker_type"]["current"] == "'process' (num_workers=0)"
+    assert "the reads wait, not compute" in advised["worker_type"]["reason"]
+    assert "(with num_workers=2): making a batch took" in out
     # A sleep releases the GIL: the probe sees two threads make about twice the batches.
     assert report["thread_probe"]["two_threads"] > 1.4 * report["thread_probe"]["one_thread"]
     assert advised["worker_type"]["changes"] == {"num_workers": 2, "worker_type": "thread"}
     assert "SleepyDataset.__getitems__" in advised["__getitems__"]["suggested"]
     tries = {t["setting"]: t for t in report["tries"]}
-    assert set(tries) == {"num_workers=2", "num_workers=2, worker_type='thread'"}
+    assert set(tries) == {"num_workers=2, worker_type='thread'"}
     assert all(t["error"] is None for t in tries.values())
-    assert tries["num_workers=2"]["speedup"] > 1.2
     assert tries["num_workers=2, worker_type='thread'"]["speedup"] > 1.4
     assert "speed-up" in out
     assert "as given" in out
@@ -134,7 +135,7 @@ def test_a_torch_loader_is_measured_then_converted(
     assert report["torch_run"]["batches"] == 20
     assert report["run"]["stats"]["engine"] == "inline"
     assert report["options"]["collate_fn"] is None  # torch's default: ferry picks its own
-    assert "num_workers" in {a["option"] for a in report["advice"]}
+    assert "worker_type" in {a["option"] for a in report["advice"]}  # its reads wait
 
 
 @pytest.mark.timeout(30)
@@ -590,3 +591,47 @@ def test_variants_try_each_change_then_all_together_once() -> None:
         "pin_memory=True",
         "num_workers=2, worker_type='thread', pin_memory=True",
     ]
+
+
+# --- reads that wait (issue 21) ----------------------------------------------------------------
+
+
+def test_reads_that_wait_call_for_thread_workers_not_more_processes() -> None:
+    stats = _stats(engine="process", num_workers=2, workers=_workers(2, 1.0), cpu_s=0.02)
+    findings = _findings(stats)
+    advice = rules.waiting_reads(findings)
+    assert advice is not None
+    assert (advice.current, advice.suggested) == ("'process'", "'thread'")
+    assert advice.changes == {"worker_type": "thread", "num_workers": 2}
+    assert "making a batch took 48x the CPU time it used" in advice.reason
+    assert rules.more_workers(findings) is None  # more processes would still read one by one
+    assert rules.thread_workers(findings) is None  # (said once)
+    assert next(iter(_advised(findings))) == "worker_type"
+
+
+@pytest.mark.parametrize(
+    "findings",
+    [
+        _findings(_stats(cpu_s=0.9)),  # the batches computed: about 1x
+        _findings(_stats(cpu_s=0.0)),  # not measured
+        _findings(_stats(cpu_s=0.02, wait_s=0.05)),  # the loader keeps up
+        _findings(_stats(engine="thread", num_workers=2, cpu_s=0.02)),  # threads already
+    ],
+    ids=["computes", "unmeasured", "loop-bound", "threads"],
+)
+def test_no_thread_advice_for_reads_that_do_not_wait(findings: Findings) -> None:
+    assert rules.waiting_reads(findings) is None
+
+
+@pytest.mark.timeout(120)
+def test_the_stats_measure_how_much_of_a_batch_waited() -> None:
+    def made_per_cpu(dataset: Any) -> float:
+        loader = ferry.DataLoader(dataset, batch_size=4, num_workers=2)
+        for _ in loader:
+            pass
+        return loader.stats().made_per_cpu
+
+    from workers.test_auto_threads import Busy  # spins: its batches compute
+
+    assert made_per_cpu(SleepyDataset()) >= rules.READS_WAIT
+    assert 0 < made_per_cpu(Busy(n=32, work=0.002)) < rules.READS_WAIT

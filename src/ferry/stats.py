@@ -88,6 +88,17 @@ class LoaderStats:
     # many times its CPU time a read waits (0: not measured: process workers, inline).
     concurrency: int = 0
     read_wait_ratio: float = 0.0
+    # CPU seconds the fetching threads used for fetch and collate (map-style; per-sample
+    # parallel reads count only the fetching thread's share): against fetch_s + collate_s,
+    # how much of making a batch was waiting (``made_per_cpu``).
+    cpu_s: float = 0.0
+
+    @property
+    def made_per_cpu(self) -> float:
+        """Wall seconds spent making batches (fetch and collate) per CPU second they used:
+        about 1 for work that computes, far more for reads that wait (0: not measured)."""
+        made = self.fetch_s + self.collate_s
+        return made / self.cpu_s if self.cpu_s > 0 and made > 0 else 0.0
 
     @property
     def batches_per_s(self) -> float:
@@ -119,6 +130,7 @@ class LoaderStats:
         plain["batches_per_s"] = self.batches_per_s
         plain["wait_share"] = self.wait_share
         plain["bottleneck"] = self.bottleneck
+        plain["made_per_cpu"] = self.made_per_cpu
         plain["workers"] = [dict(w) for w in plain["workers"]]
         return plain
 
@@ -174,6 +186,7 @@ class StatsRecorder:
         "batches",
         "busy",
         "collate",
+        "cpu",
         "ended",
         "fetch",
         "first_batch",
@@ -200,6 +213,7 @@ class StatsRecorder:
         self.busy = [0.0] * num_workers
         self.made = [0] * num_workers
         self.reads: Any = None  # thread workers' SampleReads (ferry._engine.reads), if any
+        self.cpu = 0.0  # CPU seconds the threads that made the batches used making them
 
     def worker_made(
         self, worker_id: int, fetch: float, collate: float, encode: float, nbytes: int
@@ -228,6 +242,7 @@ class StatsRecorder:
         return LoaderStats(
             concurrency=concurrency,
             read_wait_ratio=self.reads.ratio if self.reads is not None else 0.0,
+            cpu_s=self.cpu,
             engine=engine,
             num_workers=len(self.busy) if engine != "inline" else 0,
             batches=self.batches,

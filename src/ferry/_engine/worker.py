@@ -239,7 +239,8 @@ def run_worker_loop(
                 outcome = fetcher.outcome
             if slabs is None:
                 timing = (fetcher.fetch_s, fetcher.collate_s, 0.0, 0)
-                send(Done(message.task, batch, report=report, timing=timing, outcome=outcome))
+                cpu = fetcher.cpu_s
+                send(Done(message.task, batch, (), report, timing, outcome, cpu=cpu))
                 continue
             encoding = perf_counter()
             payload, used = encode_batch(batch, slabs)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ferry._engine.keys import stateful_part
 from ferry._torch_types import TorchSubset
 from ferry.datasets import is_iterable_style
 from ferry.doctor.measure import Measurement, ThreadProbe
@@ -42,6 +43,8 @@ WORKERS_IDLE = 0.7
 WAITED_SHARE = 0.25  # ... the loop waited for at least this share of the batches
 # Two worker threads this much faster than one: __getitem__ releases the GIL (2x is ideal).
 GIL_FREE = 1.5
+# Batches that took this many times the CPU time they used were made of reads that wait.
+READS_WAIT = 4.0
 # Two worker threads less than this much faster than one: __getitem__ holds the GIL.
 GIL_BOUND = 1.2
 # Process workers' own costs (moving batches out, starting each epoch) this share of the
@@ -161,9 +164,10 @@ def _keeping_up(f: Findings) -> int:
 
 def more_workers(f: Findings) -> Advice | None:
     """The loader is the bottleneck, batches are slow to make, whoever makes them has no slack
-    (the main process, or busy workers) and CPUs are free: more workers."""
+    (the main process, or busy workers) and CPUs are free: more workers. Not when the reads
+    wait (:func:`waiting_reads` says what helps then)."""
     target = _worker_target(f)
-    if target is None:
+    if target is None or waiting_reads(f) is not None:
         return None
     stats = f.stats
     if f.workers == 0:
@@ -207,12 +211,42 @@ def _process_costs(f: Findings) -> str:
     return " and ".join(costs)
 
 
+def _reads_wait(f: Findings) -> float:
+    """How many times their CPU time the batches took to make, when that says the reads wait
+    (at least ``READS_WAIT``); 0 otherwise or unmeasured."""
+    ratio = f.stats.made_per_cpu
+    return ratio if ratio >= READS_WAIT else 0.0
+
+
+def waiting_reads(f: Findings) -> Advice | None:
+    """The loader is the bottleneck and its batches took many times the CPU time they used:
+    the reads wait (network, object store). Thread workers read the samples of a batch at once
+    when they wait (ferry._engine.reads), so concurrency is no longer workers x 1; more
+    processes would each still read one sample at a time."""
+    if f.options.get("worker_type", "process") == "thread" or not f.loader_bound:
+        return None
+    ratio = _reads_wait(f)
+    dataset = f.options["dataset"]
+    if not ratio or is_iterable_style(dataset) or stateful_part(dataset):
+        return None
+    workers = max(f.workers, 2)
+    reason = (
+        f"making a batch took {ratio:.0f}x the CPU time it used ({_ms(f.work_per_batch_s)} a "
+        "batch): the reads wait, not compute. Thread workers read the samples of a batch at "
+        "once when they wait, as many as the wait calls for; more processes would each still "
+        "read one sample at a time (num_workers='auto' makes this move by itself)"
+    )
+    changes: dict[str, Any] = {"num_workers": workers, "worker_type": "thread"}
+    current = "'process'" if f.workers else "'process' (num_workers=0)"
+    return Advice("worker_type", current, "'thread'", reason, changes)
+
+
 def thread_workers(f: Findings) -> Advice | None:
     """Process workers (or the advice to add some): threads, when two worker threads make
     batches nearly twice as fast as one (``__getitem__`` releases the GIL) and processes cost
     something threads would not, or when moving batches between processes costs more than
     making them."""
-    if f.options.get("worker_type", "process") != "process":
+    if f.options.get("worker_type", "process") != "process" or waiting_reads(f) is not None:
         return None
     target = _worker_target(f) or f.workers
     if not target or not f.loader_bound:
@@ -344,6 +378,7 @@ def pin_batches(f: Findings) -> Advice | None:
 
 
 RULES: tuple[Callable[[Findings], Advice | None], ...] = (
+    waiting_reads,
     more_workers,
     thread_workers,
     process_workers,
