@@ -597,7 +597,9 @@ def test_variants_try_each_change_then_all_together_once() -> None:
 
 
 def test_reads_that_wait_call_for_thread_workers_not_more_processes() -> None:
-    stats = _stats(engine="process", num_workers=2, workers=_workers(2, 1.0), cpu_s=0.02)
+    stats = _stats(
+        engine="process", num_workers=2, workers=_workers(2, 1.0), cpu_s=0.02, cpu_made_s=0.95
+    )
     findings = _findings(stats)
     advice = rules.waiting_reads(findings)
     assert advice is not None
@@ -612,10 +614,10 @@ def test_reads_that_wait_call_for_thread_workers_not_more_processes() -> None:
 @pytest.mark.parametrize(
     "findings",
     [
-        _findings(_stats(cpu_s=0.9)),  # the batches computed: about 1x
+        _findings(_stats(cpu_s=0.9, cpu_made_s=0.95)),  # the batches computed: about 1x
         _findings(_stats(cpu_s=0.0)),  # not measured
-        _findings(_stats(cpu_s=0.02, wait_s=0.05)),  # the loader keeps up
-        _findings(_stats(engine="thread", num_workers=2, cpu_s=0.02)),  # threads already
+        _findings(_stats(cpu_s=0.02, cpu_made_s=0.95, wait_s=0.05)),  # the loader keeps up
+        _findings(_stats(engine="thread", num_workers=2, cpu_s=0.02, cpu_made_s=0.95)),
     ],
     ids=["computes", "unmeasured", "loop-bound", "threads"],
 )

@@ -92,12 +92,14 @@ class LoaderStats:
     # parallel reads count only the fetching thread's share): against fetch_s + collate_s,
     # how much of making a batch was waiting (``made_per_cpu``).
     cpu_s: float = 0.0
+    cpu_made_s: float = 0.0  # the fetch and collate wall seconds of the batches cpu_s measured
 
     @property
     def made_per_cpu(self) -> float:
-        """Wall seconds spent making batches (fetch and collate) per CPU second they used:
-        about 1 for work that computes, far more for reads that wait (0: not measured)."""
-        made = self.fetch_s + self.collate_s
+        """Wall seconds spent making batches (fetch and collate) per CPU second they used, over
+        the batches measured (the first ones, then one in 16): about 1 for work that computes,
+        far more for reads that wait (0: not measured)."""
+        made = self.cpu_made_s
         return made / self.cpu_s if self.cpu_s > 0 and made > 0 else 0.0
 
     @property
@@ -187,6 +189,7 @@ class StatsRecorder:
         "busy",
         "collate",
         "cpu",
+        "cpu_made",
         "ended",
         "fetch",
         "first_batch",
@@ -213,7 +216,15 @@ class StatsRecorder:
         self.busy = [0.0] * num_workers
         self.made = [0] * num_workers
         self.reads: Any = None  # thread workers' SampleReads (ferry._engine.reads), if any
-        self.cpu = 0.0  # CPU seconds the threads that made the batches used making them
+        # CPU seconds the threads that made the measured batches used making them, and the
+        # wall seconds those batches took (fetch and collate): see fetch.CPU_SAMPLE.
+        self.cpu = self.cpu_made = 0.0
+
+    def cpu_used(self, made: float, cpu: float) -> None:
+        """A batch that took ``made`` wall seconds used ``cpu`` CPU seconds (-1: unmeasured)."""
+        if cpu >= 0:
+            self.cpu += cpu
+            self.cpu_made += made
 
     def worker_made(
         self, worker_id: int, fetch: float, collate: float, encode: float, nbytes: int
@@ -243,6 +254,7 @@ class StatsRecorder:
             concurrency=concurrency,
             read_wait_ratio=self.reads.ratio if self.reads is not None else 0.0,
             cpu_s=self.cpu,
+            cpu_made_s=self.cpu_made,
             engine=engine,
             num_workers=len(self.busy) if engine != "inline" else 0,
             batches=self.batches,

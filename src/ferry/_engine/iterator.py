@@ -573,6 +573,6 @@ class InlineIterator(LoaderIterator):
         stats.waited += 1  # made on demand: never ready before it is asked
         stats.fetch += fetcher.fetch_s
         stats.collate += fetcher.collate_s
-        stats.cpu += fetcher.cpu_s
+        stats.cpu_used(fetcher.fetch_s + fetcher.collate_s, fetcher.cpu_s)
         outcome = fetcher.outcome if self._skip else None
         return Delivery(batch, number, 0, None, outcome)

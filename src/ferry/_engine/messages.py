@@ -132,7 +132,7 @@ class Done:
     empty: bool = False
     # CPU seconds the worker's thread used making it (against the fetch and collate seconds of
     # ``timing``: how much of the batch was waiting; num_workers="auto" reads it).
-    cpu: float = 0.0
+    cpu: float = -1.0  # (-1: not measured, see fetch.CPU_SAMPLE)
 
 
 @dataclass(frozen=True)

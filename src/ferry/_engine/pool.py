@@ -514,8 +514,8 @@ class WorkerIterator(Incidents, LoaderIterator):
                 self._latest[worker_id] = task.position = latest
                 stats = self._track.stats
                 stats.worker_made(worker_id, *message.timing)
-                stats.cpu += message.cpu
-                if self._judge_waiting and not self._judge.decided:
+                stats.cpu_used(message.timing[0] + message.timing[1], message.cpu)
+                if self._judge_waiting and not self._judge.decided and message.cpu >= 0:
                     fetch, collate = message.timing[0], message.timing[1]
                     self._to_threads = self._judge.add(fetch + collate, message.cpu)
                 task.outcome = message.outcome
