@@ -277,7 +277,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(
     assert main(["bench", "--plot", str(tmp_path / "ratios.png")]) == 2
     err = capsys.readouterr().err
     assert "--plot needs matplotlib" in err
-    assert "pip install 'ferry[bench]'" in err
+    assert "pip install matplotlib (ferry-data's extra 'bench' has it)" in err
 
 
 def test_plot_is_a_png(tmp_path: Path) -> None:

@@ -233,7 +233,7 @@ def test_plot_without_matplotlib_exits_2_before_measuring(
     assert main(["doctor", f"{WORKLOADS}:fast_loader", "--plot", str(tmp_path / "d.png")]) == 2
     err = capsys.readouterr().err
     assert "--plot needs matplotlib" in err
-    assert "pip install 'ferry[bench]'" in err
+    assert "pip install matplotlib (ferry-data's extra 'bench' has it)" in err
 
 
 @pytest.mark.timeout(60)

@@ -68,7 +68,8 @@ def require_matplotlib() -> Any:
         import matplotlib.pyplot as plt
     except ImportError:
         raise MissingExtra(
-            "--plot needs matplotlib, which is not installed: pip install 'ferry[bench]'"
+            "--plot needs matplotlib, which is not installed: pip install matplotlib "
+            "(ferry-data's extra 'bench' has it)"
         ) from None
     return plt
 

@@ -239,7 +239,9 @@ def _rng() -> Any:
     try:
         import numpy as np
     except ImportError:
-        raise ImportError("this workload needs numpy: pip install 'ferry[bench]'") from None
+        raise ImportError(
+            "this workload needs numpy: pip install numpy (ferry-data's extra 'bench' has it)"
+        ) from None
     return np.random.default_rng(0)
 
 
@@ -271,7 +273,9 @@ def _prepare_jpegs(samples: int, quick: bool) -> list[bytes]:
     try:
         from PIL import Image
     except ImportError:
-        raise ImportError("the jpeg workload needs Pillow: pip install 'ferry[bench]'") from None
+        raise ImportError(
+            "the jpeg workload needs Pillow: pip install pillow (ferry-data's extra 'bench' has it)"
+        ) from None
     rows, cols = np.mgrid[0:_JPEG_SOURCE_SIDE, 0:_JPEG_SOURCE_SIDE]
     files = []
     for k in range(min(samples, 20 if quick else 100)):
