@@ -7,6 +7,8 @@ Subcommands:
 - ``doctor``: measures the loader a function of yours returns, says where its time goes and
   what to change; ``python -m ferry doctor --help``.
 
+``python -m ferry --version`` prints ferry's version, torch's and Python's.
+
 Example::
 
     $ python -m ferry bench --quick --only tensor --workers 0
@@ -16,9 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import sys
 from collections.abc import Sequence
 
+import torch
+
+import ferry
 from ferry.bench import cli
 from ferry.doctor import cli as doctor_cli
 
@@ -30,12 +36,21 @@ def _program_name() -> str:
     return "python -m ferry" if script in ("", "__main__.py", "-c") else script
 
 
+def version_line() -> str:
+    """What ``--version`` prints: ferry's version, its distribution's name, torch's and Python's."""
+    return (
+        f"ferry {ferry.__version__} (installed as ferry-data), "
+        f"torch {torch.__version__}, Python {platform.python_version()}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog=_program_name(), description="ferry: a drop-in, faster torch.utils.data."
     )
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench = commands.add_parser(
         "bench", help="benchmark ferry.DataLoader against torch.utils.data.DataLoader"

@@ -68,7 +68,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     listing = "\n".join(f"  {w.name:<8} {w.summary}" for w in WORKLOADS.values())
-    parser.epilog = f"workloads:\n{listing}\n\nexit status: 0 all rows ran, 1 a row failed, 2 usage"
+    parser.epilog = (
+        f"workloads:\n{listing}\n\nexit status: 0 every row ran, 1 a row failed (its error is in "
+        "the table),\n2 bad arguments or matplotlib missing for --plot, 130 interrupted"
+    )
     add = parser.add_argument
     add("--quick", action="store_true", help="small, fast configuration (1 rep + warm-up); CI")
     add("--only", type=_workload_names, metavar="NAME[,NAME]", help="run only these workloads")
