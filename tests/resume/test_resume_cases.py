@@ -839,6 +839,21 @@ def test_state_of_another_loader_is_refused(build: Callable[[], Loader], match: 
         loader.load_state_dict(valid_state())
 
 
+@pytest.mark.timeout(30)
+def test_state_of_another_batch_size_says_it_does_not_fit() -> None:
+    # A well-formed state from a loader built otherwise is a mismatch, not a damaged state:
+    # the message's whole first sentence says so, naming what differs on both sides.
+    loader = ferry.DataLoader(rd.Ints(10), batch_size=4, shuffle=True)
+    with pytest.raises(ValueError) as refused:
+        loader.load_state_dict(valid_state())
+    first_sentence = str(refused.value).split(". ", 1)[0] + "."
+    assert first_sentence == (
+        "DataLoader state does not fit this loader: it was saved from a loader with other data "
+        "or options (batch_size: the state has 3, this loader has 4)."
+    )
+    assert "malformed" not in str(refused.value)
+
+
 def _set(path: tuple[str, ...], value: Any) -> Callable[[dict[str, Any]], Any]:
     def change(state: dict[str, Any]) -> Any:
         target = state
