@@ -221,9 +221,9 @@ def test_map_style_shuffled_batches_match_torch(num_workers: int, kwargs: dict[s
 # -- streams ----------------------------------------------------------------------------------
 
 FORMATS = [pytest.param(None, id="python"), pytest.param("torch", id="torch")]
-# 3 workers on a 2-CPU machine: both loaders warn that workers will compete for the CPUs.
+# 3 workers on a 2-CPU machine: both loaders warn, in torch's phrase, that workers will compete
+# for the CPUs.
 MORE_WORKERS_THAN_CPUS = [
-    pytest.mark.filterwarnings("ignore:num_workers=3 is more than:UserWarning"),
     pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker:UserWarning"),
 ]
 

@@ -352,6 +352,9 @@ def test_model_checkpoint_after_mid_epoch_validation(reference, tmp_path: Path) 
 
 
 @pytest.mark.timeout(60)
+# The reference, torchdata's StatefulDataLoader, calls torch.set_vital, which torch 2.13
+# deprecates: torchdata's warning, not ferry's.
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 @pytest.mark.parametrize("workers", ["0", "2-thread"])
 def test_checkpoint_at_last_batch_resumes_as_torchdatas_loader(
     references, tmp_path: Path, workers: str

@@ -314,6 +314,8 @@ def orphan_main(
     for process in started:
         process.kill()
         process.wait()
+        if process.stdout is not None:  # (else a ResourceWarning: unclosed file)
+            process.stdout.close()
     for pid in worker_pids:
         if not exited(pid):
             os.kill(pid, signal.SIGKILL)
