@@ -1,14 +1,26 @@
 # Two entry points for a fresh clone: `make test` and `make bench`.
-# Each builds the virtual environment in .venv on first use.
+# Each builds the virtual environment in .venv on first use, with $(PYTHON) (Python >= 3.10
+# with venv and pip; `make test PYTHON=python3.11` picks another).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test lint typecheck unit bench bench-quick clean
+.PHONY: test test-fast lint typecheck unit bench bench-quick clean
 
+# The interpreter is checked before anything is made. A .venv without .installed is what a
+# failed or interrupted set-up left: it is made afresh. A failed first install removes .venv.
 $(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 10))' \
+	  >/dev/null 2>&1 || { \
+	  echo "make: the development set-up needs Python >= 3.10 with its venv module;" \
+	    "PYTHON=$(PYTHON): $$($(PYTHON) -c 'import platform; print("Python " + platform.python_version())' \
+	    2>/dev/null || echo 'not found')." >&2; \
+	  echo "make: name another interpreter, for example: make test PYTHON=python3.11" >&2; \
+	  exit 1; }
+	@[ -e $@ ] || rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench,ecosystem]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench,ecosystem]' \
+	  || { [ -e $@ ] || rm -rf $(VENV); exit 1; }
 	touch $@
 
 lint: $(VENV)/.installed
@@ -22,6 +34,11 @@ unit: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test: lint typecheck unit
+
+# The fast loop: lint, types, and the tests not marked slow (the slow suites are listed in
+# tests/conftest.py); CI and `make test` run them all.
+test-fast: lint typecheck
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
 bench: $(VENV)/.installed
 	$(PY) -m ferry bench --json bench-results/bench.json --plot bench-results/bench.png

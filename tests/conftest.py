@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,3 +53,24 @@ def extend_collate_maps(guard_global_state: None) -> Iterator[None]:
     ferry_collate_fn_map.update(ferry_map)
     torch_collate_fn_map.clear()
     torch_collate_fn_map.update(torch_map)
+
+
+# Whole suites marked `slow` (with the tests marked one by one elsewhere, `make test-fast`
+# leaves them out): on 2 cores they take about 60% of the suite's time, because each of their
+# tests starts processes, a training framework, or waits out a deadline.
+SLOW_SUITES = (
+    "ecosystem/",
+    "distributed/",
+    "faults/",
+    "resume/test_sdl_parity.py",
+    "workers/test_stall.py",
+    "workers/test_differential.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        where = item.path.relative_to(tests).as_posix()
+        if where.startswith(SLOW_SUITES):
+            item.add_marker(pytest.mark.slow)

@@ -226,6 +226,7 @@ def test_workers_label() -> None:
     assert workers_label(_rows()[1]) == "2 thread"
 
 
+@pytest.mark.slow
 def test_json_has_metadata_and_one_record_per_row(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -604,6 +604,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_dataset_checks_survive_python_optimize_mode() -> None:
     """torch raises these AssertionErrors explicitly, so they are raised under ``python -O``
     too; an ``assert`` statement would vanish there and let bad datasets through."""

@@ -120,6 +120,7 @@ def test_a_slow_training_step_is_the_bottleneck(capsys: pytest.CaptureFixture[st
 
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("two_cpus")
+@pytest.mark.slow
 def test_a_torch_loader_is_measured_then_converted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -626,6 +627,7 @@ def test_no_thread_advice_for_reads_that_do_not_wait(findings: Findings) -> None
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_the_stats_measure_how_much_of_a_batch_waited() -> None:
     def made_per_cpu(dataset: Any) -> float:
         loader = ferry.DataLoader(dataset, batch_size=4, num_workers=2)

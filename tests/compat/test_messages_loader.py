@@ -614,6 +614,7 @@ def test_warnings(case: Case) -> None:
 
 
 @pytest.mark.parametrize("case", params(WORKER_FAILURES))
+@pytest.mark.slow
 def test_worker_failures(case: Case) -> None:
     check(case)
 

@@ -69,6 +69,7 @@ def _structures() -> st.SearchStrategy[Any]:
 
 @HYPOTHESIS
 @given(batch=_structures())
+@pytest.mark.slow
 def test_pinning_rebuilds_batches_like_torch(batch: Any) -> None:
     expected = torch_pin_memory(copy.deepcopy(batch))
     got = pin_batch(copy.deepcopy(batch))

@@ -167,6 +167,7 @@ def torch_stop_epoch(n: int, at: int, batch_size: int, num_workers: int) -> list
     ("at", "batch_size", "num_workers"),
     [(3, 1, 1), (3, 2, 1), (0, 3, 1), (7, 2, 2), (9, 4, 2)],
 )
+@pytest.mark.slow
 def test_stop_iteration_in_getitem_ends_the_epoch(
     kind: Kind, at: int, batch_size: int, num_workers: int
 ) -> None:
@@ -238,6 +239,7 @@ MIRRORED = (
 @pytest.mark.parametrize(
     "dataset", [list(range(4)), ds.Sharded(8, ds.any_worker_info)], ids=["map", "stream"]
 )
+@pytest.mark.slow
 def test_iterator_mirrors_the_loader_options_as_torch_does(
     options: dict[str, Any], dataset: Any
 ) -> None:

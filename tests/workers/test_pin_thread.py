@@ -175,6 +175,7 @@ def test_an_error_while_pinning_is_raised_at_its_batch_and_iteration_goes_on(
 
 
 @pytest.mark.parametrize("kind", FAST, indirect=True)
+@pytest.mark.slow
 def test_a_hung_pin_is_bounded_by_the_loaders_timeout(kind: Kind, fake: FakePinning) -> None:
     # (Batches are pinned in the order they arrive, so a hang holds up those behind it: hang
     # on the first, which arrives before any other is asked for.)
@@ -247,6 +248,10 @@ def test_a_resumed_epoch_ignores_batches_pinned_ahead(kind: Kind, fake: FakePinn
     assert head + [b.tolist() for b in resumed] == whole
 
 
+# Persistent workers without a generator, over 3 epochs: ferry warns EpochReplayWarning at the
+# third although no draw repeats (a false positive of ferry's, see the strict xfail in
+# tests/resume/test_replay_warning.py; remove this filter with it).
+@pytest.mark.filterwarnings("ignore::ferry.errors.EpochReplayWarning")
 @pytest.mark.parametrize("kind", FAST, indirect=True)
 def test_persistent_workers_follow_pin_memory_set_between_epochs(
     kind: Kind, fake: FakePinning

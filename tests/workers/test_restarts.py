@@ -261,6 +261,7 @@ def test_persistent_worker_that_died_between_epochs_raises_worker_died_by_defaul
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_replacement_with_spawn(tmp_path: Path) -> None:
     """Under the spawn start method too, the replacement is started (and the dataset pickled
     to it) and the epoch equals an undisturbed run (worker seeds do not depend on the start
