@@ -98,3 +98,17 @@ def test_doctor_help_lists_every_exit_status_of_the_readme(
     epilog = capsys.readouterr().out.split("exit status:", 1)[1]
     for status in statuses:
         assert re.search(rf"(?:^|[\s,]){status} ", epilog), f"exit status {status} is missing"
+
+
+def test_the_readmes_make_targets_and_examples_exist() -> None:
+    readme = ROOT.joinpath("README.md").read_text()
+    makefile = ROOT.joinpath("Makefile").read_text()
+    targets = set(re.findall(r"^([\w-]+):", makefile, flags=re.MULTILINE))
+    named = set(re.findall(r"(?:^|`)make ([a-z][\w-]*)", readme, flags=re.MULTILINE))
+    assert named >= {"test", "test-fast", "bench", "clean"}
+    assert named <= targets, f"make targets the Makefile lacks: {named - targets}"
+    examples = set(re.findall(r"\bexamples/\w+\.py", readme))
+    assert examples
+    assert all(ROOT.joinpath(path).is_file() for path in examples), examples
+    # The examples need the development environment: their commands name it.
+    assert not re.search(r"(?:^|`)(?:python|torchrun) .*examples/", readme, flags=re.MULTILINE)
