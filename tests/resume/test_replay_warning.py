@@ -52,12 +52,6 @@ def test_epochs_that_draw_from_the_global_rng_do_not_warn() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason="false positive: persistent workers keep their base seed, so an epoch after the "
-    "first draws nothing from the global RNG, yet the loader warns from the third epoch on "
-    "(ferry._engine.keys.draws_from_global counts workers as drawing in every epoch)",
-)
 @pytest.mark.parametrize("worker_type", ["process", "thread"])
 def test_persistent_workers_without_a_shuffle_do_not_warn(worker_type: str) -> None:
     loader = ferry.DataLoader(

@@ -338,10 +338,6 @@ def run_property(config: Config) -> None:
 
 
 @pytest.mark.timeout(240)
-# Persistent workers without a generator, over several epochs: ferry warns EpochReplayWarning
-# from the third epoch on although no draw repeats (a false positive of ferry's, see the strict
-# xfail in tests/resume/test_replay_warning.py; remove this filter with it).
-@pytest.mark.filterwarnings("ignore::ferry.errors.EpochReplayWarning")
 @settings(HYPOTHESIS, max_examples=25)
 @given(config=configs())
 def test_resumed_run_matches_uninterrupted_run(config: Config) -> None:

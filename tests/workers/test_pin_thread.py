@@ -248,10 +248,6 @@ def test_a_resumed_epoch_ignores_batches_pinned_ahead(kind: Kind, fake: FakePinn
     assert head + [b.tolist() for b in resumed] == whole
 
 
-# Persistent workers without a generator, over 3 epochs: ferry warns EpochReplayWarning at the
-# third although no draw repeats (a false positive of ferry's, see the strict xfail in
-# tests/resume/test_replay_warning.py; remove this filter with it).
-@pytest.mark.filterwarnings("ignore::ferry.errors.EpochReplayWarning")
 @pytest.mark.parametrize("kind", FAST, indirect=True)
 def test_persistent_workers_follow_pin_memory_set_between_epochs(
     kind: Kind, fake: FakePinning

@@ -290,7 +290,9 @@ class LoaderIterator(TorchLoaderIterator):
             restore_between_epochs(plan.sampler, plan.batch_sampler, start.keys)
             if start.keys.kind != "stateful" or start.keys.snapshot is None:
                 keys_cursor = None
-            if generator is None and draws_from_global(plan):
+            # (persistent workers keep their base seed: then the seeds draw nothing)
+            new_seeds = start.seed_drawn or start.base_seed is None
+            if generator is None and draws_from_global(plan, new_seeds):
                 run = _guard_replay(run)
         if start.generator is not None and generator is not None:
             set_generator_state(generator, start.generator)

@@ -177,11 +177,12 @@ def between_epochs(sampler: Any, batch_sampler: Any, loader_generator: Any = Non
     return KeysCursor("skip", sampler_generator=None if own is None else generator_state(own))
 
 
-def draws_from_global(plan: EpochPlan) -> bool:
+def draws_from_global(plan: EpochPlan, new_seeds: bool = True) -> bool:
     """Whether an epoch of a loader without a generator takes what it yields from torch's
-    global RNG: its workers' seeds, or a sampler without a generator of its own (ferry's, or
-    any with a ``generator`` attribute left None, as torch's random samplers)."""
-    if plan.num_workers > 0:
+    global RNG: its workers' seeds (unless ``new_seeds`` is false: persistent workers keep
+    theirs), or a sampler without a generator of its own (ferry's, or any with a
+    ``generator`` attribute left None, as torch's random samplers)."""
+    if plan.num_workers > 0 and new_seeds:
         return True
     source = builtin_source(plan.sampler, plan.batch_sampler)
     if source is None:
