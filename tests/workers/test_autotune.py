@@ -190,6 +190,31 @@ def test_more_workers_at_least_one_at_most_twice_and_within_the_cpus() -> None:
     assert tuner(cpus=3).after_epoch(loop_does_nothing, (2, 2)) == (3, 2)
 
 
+def test_thread_workers_whose_reads_wait_go_past_the_cpu_count() -> None:
+    """Issue 21: threads that wait on their reads do not compete for the CPUs, so rule 1 may
+    try more of them than CPUs (up to WAITING_THREAD_CAP); a trial keeps only a faster one."""
+    from dataclasses import replace
+
+    waiting = replace(
+        behind_and_busy(2, worker_ms=20, loop_ms=0), engine="thread", read_wait_ratio=300.0
+    )
+    chosen = tuner(worker_type="thread", cpus=2)
+    assert chosen.after_epoch(waiting, (2, 2)) == (4, 2)
+    assert "thread workers whose reads wait are not bound by the CPUs" in chosen.reason
+    at_cap = replace(
+        behind_and_busy(autotune.WAITING_THREAD_CAP, worker_ms=20, loop_ms=0),
+        engine="thread",
+        read_wait_ratio=300.0,
+    )
+    capped = tuner(worker_type="thread", cpus=2)
+    assert capped.after_epoch(at_cap, (autotune.WAITING_THREAD_CAP, 2)) == (
+        autotune.WAITING_THREAD_CAP,
+        2,
+    )
+    computing = replace(behind_and_busy(2, worker_ms=20, loop_ms=0), engine="thread")
+    assert tuner(worker_type="thread", cpus=2).after_epoch(computing, (2, 2)) == (2, 2)
+
+
 def test_busy_workers_at_one_per_cpu_settle() -> None:
     chosen = tuner(cpus=4)
     stats = behind_and_busy(4, worker_ms=20, loop_ms=1)

@@ -55,6 +55,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from ferry._engine.reads import PARALLEL_FROM
 from ferry._engine.shm import available_memory as meminfo_available
 from ferry._validate import as_int, available_cpus
 from ferry.stats import LoaderStats
@@ -90,7 +91,21 @@ GAIN = 1.05
 MEMORY_SHARE = 0.1
 """Share of the available memory the prefetched batches may take (rule 2)."""
 
+WAITING_THREAD_CAP = 16
+"""Thread workers rule 1 may reach, whatever the CPU count, when their reads wait (each already
+reads a batch's samples at once; more of them overlap the batches): a trial keeps only what is
+faster."""
+
 Goal = Literal["faster", "leaner"]
+
+
+def _threads_wait(stats: LoaderStats) -> bool:
+    """Thread workers whose batches were mostly waiting (their reads' wall time over CPU time,
+    or their batches', at least ``PARALLEL_FROM``)."""
+    ratio = max(stats.read_wait_ratio, stats.made_per_cpu)
+    return stats.engine == "thread" and ratio >= PARALLEL_FROM
+
+
 _STREAM_KEEPS_COUNT = "a stream keeps its worker count, which decides its shards"
 
 
@@ -289,20 +304,25 @@ class Tuner:
         workers, prefetch = setting
         if not self._tuned_workers:
             return _Step(None, None, f"{seen}: the workers are the limit, but {self._why_fixed}")
-        if workers >= self._limit:
-            return _Step(
-                None, None, f"{seen}: the workers are the limit, at one per CPU ({self._cpus_text})"
-            )
+        limit, bound, at = self._limit, "at most one per CPU", "at one per CPU"
+        if _threads_wait(stats):
+            # Threads whose reads wait do not compete for the CPUs: the trial decides.
+            limit = max(limit, WAITING_THREAD_CAP)
+            bound = f"at most {limit}: thread workers whose reads wait are not bound by the CPUs"
+            at = f"at {limit}, the most for thread workers whose reads wait"
+        if workers >= limit:
+            limited = f"{seen}: the workers are the limit, {at} ({self._cpus_text})"
+            return _Step(None, None, limited)
         worker_s = sum(w.busy_s for w in stats.workers) / stats.batches
         loop_s = (stats.wall_s - stats.wait_s) / stats.batches
-        needed = math.ceil(worker_s / loop_s) if loop_s > 0 else self._limit
-        more = min(self._limit, 2 * workers, max(workers + 1, needed))
+        needed = math.ceil(worker_s / loop_s) if loop_s > 0 else limit
+        more = min(limit, 2 * workers, max(workers + 1, needed))
         return _Step(
             (more, prefetch),
             "faster",
             f"{seen}: a batch took {1000 * worker_s:.2f} ms of worker time and the loop "
             f"{1000 * loop_s:.2f} ms, so {needed} workers would keep up; {more} are tried (at "
-            "most twice as many, at most one per CPU)",
+            f"most twice as many, {bound})",
         )
 
     def _deeper_queue(self, stats: LoaderStats, setting: Setting, seen: str) -> _Step:
