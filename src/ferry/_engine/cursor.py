@@ -11,7 +11,7 @@ itself into plain data and back (``to_plain``/``from_plain``), the way Grain's
   where torch's global generator stood when earlier epochs began).
 
 Adding a resumable stage adds a part here; nothing else lists fields. The iterator's
-:class:`~ferry._engine.iterator.EpochTrack` is the one owner that moves the position, in one
+:class:`~ferry._engine.track.EpochTrack` is the one owner that moves the position, in one
 place, where a batch is handed to the user; a fresh epoch is a resume from
 :meth:`Cursor.zero`. :class:`LoaderState` is what ``DataLoader.state_dict()`` returns and
 ``load_state_dict()`` takes: JSON-safe, loadable with ``torch.load(weights_only=True)``,

@@ -40,13 +40,14 @@ from ferry._engine.group import (
 )
 from ferry._engine.incidents import Incidents, Task
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
-from ferry._engine.iterator import Delivery, LoaderIterator
+from ferry._engine.iterator import LoaderIterator
 from ferry._engine.keys import stateful_part
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
 from ferry._engine.reads import POOL_LIMIT, SampleReads, WaitJudge
 from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
+from ferry._engine.track import Delivery
 from ferry._engine.worker import WorkerConfig
 from ferry.distributed import _process_group_rank_world as process_group_rank_world
 from ferry.errors import (

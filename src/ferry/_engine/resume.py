@@ -38,7 +38,7 @@ from ferry._engine.cursor import (
     WorkerCursor,
 )
 from ferry._engine.failures import SkipBudget
-from ferry._engine.iterator import EpochTrack, between_epochs_cursor
+from ferry._engine.track import EpochTrack, between_epochs_cursor
 
 __all__ = ["Resumer", "fit_workers", "identity_of", "warn_replay"]
 
@@ -137,7 +137,7 @@ class Resumer:
     """The resume side of a :class:`ferry.DataLoader`, an object the loader holds.
 
     It owns what lies between iterators: the state loaded for the next iterator, and the
-    :class:`~ferry._engine.iterator.EpochTrack` of the last one (which holds no workers), so
+    :class:`~ferry._engine.track.EpochTrack` of the last one (which holds no workers), so
     ``state_dict()`` answers whether an iterator is alive, finished or gone.
     """
 

@@ -1,0 +1,165 @@
+"""The epoch's position and its one owner, :class:`EpochTrack`.
+
+The track is where the position moves (:meth:`EpochTrack.delivered`, once per batch handed to
+the user), where a state is taken (:meth:`EpochTrack.save`) and where the next epoch begins
+(:meth:`EpochTrack.next_epoch`); it outlives its iterator, so the loader can answer
+``state_dict()`` after the epoch, and it holds no worker. What a :class:`Delivery` carries is
+what an engine hands the base iterator for each batch. See ``docs/design/state.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+import torch
+
+from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor, global_rng_fingerprint
+from ferry._engine.failures import SkipBudget
+from ferry._engine.fetch import Outcome
+from ferry._engine.keys import EpochKeys, between_epochs
+from ferry._engine.plan import EpochPlan
+from ferry._engine.rng import generator_state
+from ferry.errors import EpochReplayWarning, warn_from_user_code
+from ferry.stats import StatsRecorder
+
+__all__ = ["Delivery", "EpochTrack", "between_epochs_cursor", "guard_replay"]
+
+
+class Delivery(NamedTuple):
+    """A batch an engine hands out, and where it came from: key ``number`` of the epoch, made by
+    ``worker_id`` (0 in the main process), which then stood at ``worker``. With
+    ``on_error="skip"``, ``outcome`` says which samples were dropped, and ``batch`` is
+    :data:`~ferry._engine.fetch.DROPPED` when all of them were."""
+
+    batch: Any
+    number: int
+    worker_id: int
+    worker: WorkerCursor | None
+    outcome: Outcome | None = None
+
+
+class EpochTrack:
+    """The one owner of an epoch's position, as its loader sees it.
+
+    The position moves in one place, :meth:`delivered`, when the user gets a batch;
+    :meth:`save` says where to start again from there. The loader keeps the track of its last
+    iterator, which holds no workers, so ``loader.state_dict()`` answers after that iterator is
+    gone (a finished ``for`` loop drops it).
+    """
+
+    def __init__(
+        self, plan: EpochPlan, keys: EpochKeys, cursor: Cursor, budget: SkipBudget | None = None
+    ) -> None:
+        self.budget = budget if budget is not None else SkipBudget(None)
+        self.renew(plan, keys, cursor)
+
+    def renew(self, plan: EpochPlan, keys: EpochKeys, cursor: Cursor) -> None:
+        """Start tracking the epoch ``cursor`` opens (its skip budget goes on if the cursor's
+        counts are the budget's)."""
+        self.plan = plan
+        self.keys = keys
+        # The cursor's fixed part, and its moving parts kept as plain mutable fields: the
+        # position moves once per batch, and this is on every batch's path.
+        self._fixed = cursor
+        self.next_key = cursor.position  # every key below it was handed out
+        self.ahead: set[int] = set(cursor.ahead)
+        self.turn = cursor.turn
+        self.workers = list(cursor.workers)
+        # The main process's position read when asked (num_workers=0), instead of reports.
+        self.live: Callable[[], WorkerCursor] | None = None
+        self.loaded: Cursor | None = None  # the cursor this epoch was resumed from
+        self.yielded = 0  # batches handed out by this iterator in this epoch
+        self.finished = False  # StopIteration was raised
+        # What num_workers="auto" changed within the epoch, and why ("": nothing).
+        self.switched = ""
+        # Where the epoch's time goes (ferry.stats), kept beside the position.
+        self.stats = StatsRecorder(max(plan.num_workers, 1))
+        # on_error="skip": the samples dropped so far in the run (counts are in the cursor).
+        run = cursor.run
+        if (self.budget.skipped, self.budget.seen) != (run.skipped, run.seen):
+            self.budget = SkipBudget(None, run.skipped, run.seen)
+        self.budget.max_errors = plan.failures.max_errors  # (the loader's may have changed)
+
+    def delivered(self, number: int, worker_id: int, worker: WorkerCursor | None) -> None:
+        """The user now has batch ``number`` (made by ``worker_id``, which then stood at
+        ``worker``): the one place the position moves."""
+        ahead = self.ahead
+        if number == self.next_key:
+            number += 1
+            while number in ahead:
+                ahead.discard(number)
+                number += 1
+            self.next_key = number
+        else:
+            ahead.add(number)
+        if worker is not None:
+            self.workers[worker_id] = worker
+        count = self._fixed.num_workers
+        self.turn = (worker_id + 1) % count if count else 0
+
+    def save(self) -> Cursor:
+        """Where to start again after the last batch handed to the user (see :mod:`.cursor`).
+
+        Nothing handed out since a load: the cursor loaded. After ``StopIteration``: the next
+        epoch, from the generators as they stand. Otherwise the epoch under way, also when its
+        last batch was handed out (a resumed iterator then ends that epoch without a batch,
+        and the next ``iter()`` begins the next one, as torchdata's loader does).
+        """
+        if self.loaded is not None and self.yielded == 0 and not self.finished:
+            return self.loaded
+        current = replace(self._current(), keys=self.keys.cursor_at(self.next_key))
+        return replace(current, finished=True) if self.finished else current
+
+    def next_epoch(self) -> Cursor:
+        """The cursor that begins the next epoch from here, with the generators as they stand."""
+        # (a resume that went through an ended epoch found the keys its workers fetch again)
+        return self._current().next_epoch(self.plan.persistent_workers, self.keys.recovered)
+
+    def _current(self) -> Cursor:
+        fixed = self._fixed
+        return replace(
+            fixed,
+            position=self.next_key,
+            ahead=frozenset(self.ahead),
+            turn=self.turn,
+            workers=(self.live(),) if self.live is not None else tuple(self.workers),
+            run=self.run_counts(),
+        )
+
+    def run_counts(self) -> RunCounts:
+        """What spans the run, as it stands now (carried to the next iterator)."""
+        return replace(self._fixed.run, skipped=self.budget.skipped, seen=self.budget.seen)
+
+
+def between_epochs_cursor(
+    after: Cursor, generator: Any, sampler: Any, batch_sampler: Any
+) -> Cursor:
+    """``after`` (a cursor that starts no epoch) with the generators as they stand now: the
+    loader's and the sampler's, restored before the next epoch draws from them."""
+    generator = generator if isinstance(generator, torch.Generator) else None
+    return replace(
+        after,
+        generator=generator_state(generator) if generator is not None else None,
+        keys=between_epochs(sampler, batch_sampler),
+    )
+
+
+def guard_replay(run: RunCounts) -> RunCounts:
+    """Note where torch's global RNG stands as an epoch that draws from it begins, and warn if
+    an earlier epoch began there: this one would repeat it (its shuffle and worker seeds)."""
+    fingerprint = global_rng_fingerprint()
+    if fingerprint in run.epoch_starts:
+        warn_from_user_code(
+            "DataLoader: this epoch begins with torch's global random generator exactly where "
+            "it stood when an earlier epoch began, so it repeats that epoch's shuffle and "
+            "worker seeds (and random augmentations). This happens when a resumed run seeds "
+            "the global RNG as the first run did (seed_everything, torch.manual_seed) without "
+            "restoring it: the loader's state restores its own position, not torch's global "
+            "RNG. Pass generator=torch.Generator().manual_seed(seed) to the DataLoader (its "
+            "state then covers every later epoch), or save torch.get_rng_state() with the "
+            "checkpoint and restore it with torch.set_rng_state().",
+            EpochReplayWarning,
+        )
+    return run.with_start(fingerprint)
