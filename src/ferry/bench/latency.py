@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ferry.bench.results import Row, Summary
+from ferry.bench.results import Row, Summary, column_renderer
 
 __all__ = [
     "LatencyLine",
@@ -195,15 +195,7 @@ def format_latency(rows: Sequence[Row], cpus: int | None = None, legend: bool = 
         ]
         for line in lines
     ]
-    widths = [max([len(t)] + [len(c[i]) for c in cells]) for i, (t, _) in enumerate(_COLUMNS)]
-
-    def render(values: Sequence[str]) -> str:
-        parts = [
-            f"{value:{align}{width}}"
-            for value, (_, align), width in zip(values, _COLUMNS, widths, strict=True)
-        ]
-        return "  ".join(parts).rstrip()
-
+    render = column_renderer(_COLUMNS, cells)
     out = [render([title for title, _ in _COLUMNS])]
     out.append("-" * len(out[0]))
     out.extend(render(line) for line in cells)

@@ -15,7 +15,7 @@ import torch
 
 from ferry.bench.latency import latency_lines
 from ferry.bench.measure import HAVE_PROC
-from ferry.bench.results import Row, Summary
+from ferry.bench.results import Row, Summary, column_renderer
 from ferry.bench.runner import Config
 
 __all__ = [
@@ -117,18 +117,7 @@ def _cells(row: Row) -> list[str]:
 def format_table(rows: Sequence[Row], legend: bool = True) -> str:
     """The results as a fixed-width text table; a failed row is followed by ``error: ...``."""
     cells = [_cells(row) for row in rows]
-    widths = [
-        max([len(title)] + [len(line[i]) for line in cells])
-        for i, (title, _) in enumerate(_COLUMNS)
-    ]
-
-    def render(values: Sequence[str]) -> str:
-        parts = [
-            f"{value:{align}{width}}"
-            for value, (_, align), width in zip(values, _COLUMNS, widths, strict=True)
-        ]
-        return "  ".join(parts).rstrip()
-
+    render = column_renderer(_COLUMNS, cells)
     lines = [render([title for title, _ in _COLUMNS])]
     lines.append("-" * len(lines[0]))
     for row, line in zip(rows, cells, strict=True):

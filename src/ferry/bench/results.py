@@ -7,7 +7,7 @@ discarded): the run with the median batches/s need not be the one with the media
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,3 +110,23 @@ def _median_or_none(values: Sequence[float | None], whole: bool = False) -> Any:
 def measured(runs: Sequence[RunMetrics], warmup: int) -> list[RunMetrics]:
     """``runs`` without the first ``warmup`` ones, which only warm caches and allocators."""
     return list(runs[warmup:])
+
+
+def column_renderer(
+    columns: Sequence[tuple[str, str]], cells: Sequence[Sequence[str]]
+) -> Callable[[Sequence[str]], str]:
+    """A function that lays out one line of a fixed-width table: each value aligned as its
+    column's format says (``"<"``/``">"``), as wide as the column's title or widest cell, two
+    spaces apart. Render the titles with it for the header."""
+    widths = [
+        max([len(title)] + [len(line[i]) for line in cells]) for i, (title, _) in enumerate(columns)
+    ]
+
+    def render(values: Sequence[str]) -> str:
+        parts = [
+            f"{value:{align}{width}}"
+            for value, (_, align), width in zip(values, columns, widths, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return render
