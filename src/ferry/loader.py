@@ -19,6 +19,7 @@ from ferry._engine.iterator import InlineIterator, LoaderIterator
 from ferry._engine.pin import accelerator_available, accelerator_type
 from ferry._engine.plan import EpochPlan
 from ferry._engine.resume import Resumer, fit_workers
+from ferry._sampling import resolve_sampling
 from ferry._torch_types import TorchDataLoader
 from ferry._validate import (
     NO_ACCELERATOR,
@@ -31,13 +32,7 @@ from ferry._validate import (
 )
 from ferry.collate import default_collate, default_convert
 from ferry.datasets import is_iterable_style
-from ferry.samplers import (
-    BatchSampler,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-    _StreamSampler,
-)
+from ferry.samplers import Sampler
 from ferry.stats import LoaderStats, StatsRecorder
 
 __all__ = ["DataLoader"]
@@ -165,58 +160,9 @@ class DataLoader(TorchDataLoader[T_co]):
 
         # torch's name and values: 1 for an iterable-style dataset, 0 for map-style.
         self._dataset_kind = 1 if iterable else 0
-        if self._iterable_style:
-            if shuffle not in (False, None):
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified shuffle option, but "
-                    f"got shuffle={shuffle}; the stream decides its own order, so shuffle "
-                    "inside the dataset"
-                )
-            if sampler is not None:
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified sampler option, but "
-                    f"got sampler={sampler}; a stream has no keys to sample, it chooses its "
-                    "samples itself"
-                )
-            if batch_sampler is not None:
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified batch_sampler option, "
-                    f"but got batch_sampler={batch_sampler}; a stream has no keys to sample, "
-                    "use batch_size to batch it"
-                )
-        else:
-            shuffle = bool(shuffle)
-
-        if sampler is not None and shuffle:
-            raise ValueError(
-                "sampler option is mutually exclusive with shuffle: the sampler decides the "
-                "order, so leave shuffle unset or False"
-            )
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError(
-                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
-                    "sampler, and drop_last (the batch sampler decides all four), got "
-                    f"batch_size={batch_size!r}, shuffle={shuffle!r}, sampler={sampler!r}, "
-                    f"drop_last={drop_last!r}"
-                )
-            batch_size = None
-            drop_last = False
-        elif batch_size is None and drop_last:
-            raise ValueError(
-                "batch_size=None option disables auto-batching and is mutually exclusive with "
-                "drop_last: there is no batch to drop, so leave drop_last=False"
-            )
-
-        if sampler is None:
-            if self._iterable_style:
-                sampler = _StreamSampler()
-            elif shuffle:
-                sampler = RandomSampler(dataset, generator=generator)
-            else:
-                sampler = SequentialSampler(dataset)
-        if batch_size is not None and batch_sampler is None:
-            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        sampler, batch_sampler, batch_size, drop_last = resolve_sampling(
+            dataset, iterable, batch_size, shuffle, sampler, batch_sampler, drop_last, generator
+        )
 
         self.batch_size = batch_size
         self.drop_last = drop_last
