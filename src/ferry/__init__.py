@@ -26,6 +26,7 @@ from ferry.samplers import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+from ferry.shared_list import SharedList
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,7 @@ __all__ = [
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "SharedList",
     "StackDataset",
     "Subset",
     "SubsetRandomSampler",
