@@ -639,3 +639,53 @@ def test_the_stats_measure_how_much_of_a_batch_waited() -> None:
 
     assert made_per_cpu(SleepyDataset()) >= rules.READS_WAIT
     assert 0 < made_per_cpu(Busy(n=32, work=0.002)) < rules.READS_WAIT
+
+
+# --- copy-on-write growth (issue 22) -------------------------------------------------------------
+
+
+def _growing(growth_mib: int) -> tuple[WorkerStats, ...]:
+    return tuple(
+        WorkerStats(i, 50, 0.5, 0.5, memory_bytes=400 << 20, memory_growth_bytes=growth_mib << 20)
+        for i in range(2)
+    )
+
+
+def test_workers_that_copy_the_dataset_are_told_to_share_it() -> None:
+    stats = _stats(engine="process", num_workers=2, workers=_growing(300), wait_s=0.01)
+    findings = _findings(stats)
+    advice = rules.copy_on_write(findings)
+    assert advice is not None  # (whether or not the loader is the bottleneck)
+    assert (advice.option, advice.current, advice.suggested) == (
+        "worker_type",
+        "'process'",
+        "'thread'",
+    )
+    assert advice.changes == {"worker_type": "thread"}
+    assert "grew by 600 MiB in one epoch" in advice.reason
+    assert "copy-on-write" in advice.reason
+    assert "ferry.SharedList" in advice.reason
+    assert rules.thread_workers(findings) is None  # (said once)
+
+
+def test_copy_on_write_with_a_gil_bound_getitem_calls_for_a_shared_list() -> None:
+    stats = _stats(engine="process", num_workers=2, workers=_growing(300))
+    probe = ThreadProbe(one_thread=10.0, two_threads=10.5)
+    advice = rules.copy_on_write(_findings(stats, threads=probe))
+    assert advice is not None
+    assert (advice.option, advice.current, advice.changes) == ("dataset", "", {})
+    assert "ferry.SharedList" in advice.suggested
+    assert "holds the GIL" in advice.reason
+
+
+@pytest.mark.parametrize(
+    "stats",
+    [
+        _stats(engine="process", num_workers=2, workers=_growing(10)),  # a working set
+        _stats(engine="process", num_workers=2, workers=_workers(2, 0.5)),  # not measured
+        _stats(engine="thread", num_workers=2, workers=_workers(2, 0.5)),
+    ],
+    ids=["small", "unmeasured", "threads"],
+)
+def test_no_copy_on_write_advice_without_the_growth(stats: LoaderStats) -> None:
+    assert rules.copy_on_write(_findings(stats)) is None

@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass
 from time import perf_counter
 from typing import Any
 
+from ferry._engine.memory import COPY_ON_WRITE
+
 __all__ = ["LoaderStats", "WorkerStats"]
 
 _STAGES = ("sampler", "fetch", "collate", "hand_off", "wait", "pin")
@@ -58,6 +60,12 @@ class WorkerStats:
     batches: int
     busy_s: float
     busy_fraction: float  # busy_s / the epoch's wall time
+    # A process worker's share of anonymous memory at its latest measure, and how much that
+    # grew since its first batch of the epoch (bytes; -1 and 0: not measured, as for threads).
+    # Growth past a working set is copy-on-write of the main process's pages: see
+    # ferry._engine.memory.
+    memory_bytes: int = -1
+    memory_growth_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,20 @@ class LoaderStats:
         return made / self.cpu_s if self.cpu_s > 0 and made > 0 else 0.0
 
     @property
+    def memory_growth_bytes(self) -> int:
+        """How much the process workers' own memory grew together since their first batch
+        of the epoch (0: not measured; see ``WorkerStats.memory_growth_bytes``)."""
+        return sum(w.memory_growth_bytes for w in self.workers)
+
+    @property
+    def copy_on_write(self) -> bool:
+        """The workers grew by more than a working set (64 MiB each on average): they are
+        copying the main process's pages, typically the dataset's Python objects whose
+        reference counts every read writes."""
+        measured = [w for w in self.workers if w.memory_bytes >= 0]
+        return bool(measured) and self.memory_growth_bytes >= COPY_ON_WRITE * len(measured)
+
+    @property
     def batches_per_s(self) -> float:
         return self.batches / self.wall_s if self.wall_s > 0 else 0.0
 
@@ -133,6 +155,8 @@ class LoaderStats:
         plain["wait_share"] = self.wait_share
         plain["bottleneck"] = self.bottleneck
         plain["made_per_cpu"] = self.made_per_cpu
+        plain["memory_growth_bytes"] = self.memory_growth_bytes
+        plain["copy_on_write"] = self.copy_on_write
         plain["workers"] = [dict(w) for w in plain["workers"]]
         return plain
 
@@ -169,6 +193,7 @@ class LoaderStats:
         )
         if self.hand_off_bytes:
             lines.append(f"  hand-off moved {self.hand_off_bytes / 2**20:.1f} MiB")
+        lines.extend(self._memory_lines())
         if self.skipped:
             lines.append(f"  on_error='skip' dropped {self.skipped} samples")
         if self.read_wait_ratio:
@@ -179,6 +204,25 @@ class LoaderStats:
         if self.tuning:
             lines.append(f"  autotuning: {self.tuning}")
         return "\n".join(lines)
+
+    def _memory_lines(self) -> list[str]:
+        measured = [w for w in self.workers if w.memory_bytes >= 0]
+        if not measured:
+            return []
+        held = sum(w.memory_bytes for w in measured) / 2**20
+        grown = self.memory_growth_bytes / 2**20
+        lines = [
+            f"  workers' own memory: {held:.0f} MiB, grown by {grown:.0f} MiB since their "
+            "first batch"
+        ]
+        if self.copy_on_write:
+            lines.append(
+                "  copy-on-write: the worker processes copy the main process's pages as they "
+                "read the dataset's Python objects (each read writes a reference count); "
+                "worker_type='thread' shares them instead, and ferry.SharedList keeps a list "
+                "of objects in one buffer that reads do not copy"
+            )
+        return lines
 
 
 class StatsRecorder:
@@ -197,6 +241,8 @@ class StatsRecorder:
         "hand_off",
         "hand_off_bytes",
         "made",
+        "memory_first",
+        "memory_latest",
         "pin",
         "reads",
         "ready",
@@ -215,6 +261,9 @@ class StatsRecorder:
         self.first_batch = self.first_wait = 0.0
         self.busy = [0.0] * num_workers
         self.made = [0] * num_workers
+        # Each process worker's memory at its first measure of the epoch and its latest.
+        self.memory_first = [-1] * num_workers
+        self.memory_latest = [-1] * num_workers
         self.reads: Any = None  # thread workers' SampleReads (ferry._engine.reads), if any
         # CPU seconds the threads that made the measured batches used making them, and the
         # wall seconds those batches took (fetch and collate): see fetch.CPU_SAMPLE.
@@ -225,6 +274,17 @@ class StatsRecorder:
         if cpu >= 0:
             self.cpu += cpu
             self.cpu_made += made
+
+    def worker_memory(self, worker_id: int, held: int) -> None:
+        """A process worker measured its memory (``held`` bytes; -1: it did not)."""
+        if held >= 0:
+            if self.memory_first[worker_id] < 0:
+                self.memory_first[worker_id] = held
+            self.memory_latest[worker_id] = held
+
+    def worker_restarted(self, worker_id: int) -> None:
+        """Worker ``worker_id`` is a new process: its memory is measured afresh."""
+        self.memory_first[worker_id] = self.memory_latest[worker_id] = -1
 
     def worker_made(
         self, worker_id: int, fetch: float, collate: float, encode: float, nbytes: int
@@ -241,8 +301,10 @@ class StatsRecorder:
         end = self.ended if self.ended is not None else perf_counter()
         wall = max(end - self.started, 1e-9)
         workers = tuple(
-            WorkerStats(i, made, busy, min(busy / wall, 1.0))
-            for i, (made, busy) in enumerate(zip(self.made, self.busy, strict=True))
+            WorkerStats(i, made, busy, min(busy / wall, 1.0), latest, max(latest - first, 0))
+            for i, (made, busy, first, latest) in enumerate(
+                zip(self.made, self.busy, self.memory_first, self.memory_latest, strict=True)
+            )
         )
         workers_n = len(self.busy) if engine != "inline" else 0
         concurrency = max(workers_n, 1)

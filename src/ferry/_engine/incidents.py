@@ -28,6 +28,7 @@ from ferry._engine.stall import (
     stall_message,
     thread_stacks,
 )
+from ferry._engine.track import EpochTrack
 from ferry._engine.worker import WorkerConfig
 from ferry.errors import (
     StallWarning,
@@ -75,6 +76,7 @@ class Incidents:
     _restarts: int
     _stall: float | None
     _stacks: dict[int, Stack]
+    _track: EpochTrack
 
     def _poll(self, wait_for: float) -> tuple[int, WorkerMessage] | None:
         raise NotImplementedError
@@ -155,6 +157,7 @@ class Incidents:
         self._restarts += 1
         worker_id = dead.worker_id
         self._replaced.add(worker_id)
+        self._track.stats.worker_restarted(worker_id)
         position = self._latest[worker_id]
         config = replace(
             self._configs[worker_id],

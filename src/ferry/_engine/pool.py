@@ -42,10 +42,12 @@ from ferry._engine.incidents import Incidents, Task
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import LoaderIterator
 from ferry._engine.keys import stateful_part
+from ferry._engine.memory import growth_verdict, resident_anon_bytes
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
 from ferry._engine.reads import POOL_LIMIT, SampleReads, WaitJudge
+from ferry._engine.shm import available_memory
 from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
 from ferry._engine.track import Delivery
 from ferry._engine.worker import WorkerConfig
@@ -112,6 +114,12 @@ class WorkerIterator(Incidents, LoaderIterator):
             and not is_async_dataset(plan.dataset)
         )
         self._judge = WaitJudge(batches=plan.num_workers)
+        # ... and so do process workers whose memory grows past what the system has
+        # (copy-on-write of the dataset's objects, see ferry._engine.memory): measured when the
+        # epoch begins.
+        self._memory_budget = available_memory() if self._judge_waiting else None
+        main_anon = resident_anon_bytes() if self._judge_waiting else -1
+        self._memory_ceiling = main_anon * plan.num_workers if main_anon >= 0 else -1
         self._to_threads = ""  # why the workers should become threads now ("": they stay)
         self._start_group()
 
@@ -516,6 +524,10 @@ class WorkerIterator(Incidents, LoaderIterator):
                 stats = self._track.stats
                 stats.worker_made(worker_id, *message.timing)
                 stats.cpu_used(message.timing[0] + message.timing[1], message.cpu)
+                if message.memory >= 0:
+                    stats.worker_memory(worker_id, message.memory)
+                    if self._judge_waiting and not self._to_threads:
+                        self._to_threads = self._memory_verdict()
                 if self._judge_waiting and not self._judge.decided and message.cpu >= 0:
                     fetch, collate = message.timing[0], message.timing[1]
                     self._to_threads = self._judge.add(fetch + collate, message.cpu)
@@ -530,6 +542,19 @@ class WorkerIterator(Incidents, LoaderIterator):
                     task.result = self._group.pinner.submit(task.result)
             case _:
                 assert_never(message)
+
+    def _memory_verdict(self) -> str:
+        """num_workers="auto": why the process workers' memory growth calls for threads
+        ("" when it does not; :func:`ferry._engine.memory.growth_verdict`)."""
+        stats = self._track.stats
+        measured = [w for w, first in enumerate(stats.memory_first) if first >= 0]
+        grown = sum(stats.memory_latest[w] - stats.memory_first[w] for w in measured)
+        made = sum(stats.made[w] for w in measured)
+        try:
+            left = len(self) - sum(stats.made)
+        except TypeError:  # a sampler with no length: as many again as made so far
+            left = made
+        return growth_verdict(grown, made, left, self._memory_budget, self._memory_ceiling)
 
     def _worker_exception(self, message: Failed, what: str) -> BaseException:
         exc = rebuild_exception(message.exception, message.type_name, message.message)

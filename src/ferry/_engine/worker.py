@@ -33,6 +33,7 @@ from ferry._engine.alloc import Allocator, using_allocator
 from ferry._engine.cursor import WorkerCursor
 from ferry._engine.fetch import BatchDropped, IterableFetcher, MapFetcher, make_fetcher
 from ferry._engine.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
+from ferry._engine.memory import MemorySampler
 from ferry._engine.messages import (
     Done,
     Exhausted,
@@ -190,6 +191,7 @@ def run_worker_loop(
     announce: Callable[[NewSlab, int | None], None] | None,
     stopping: threading.Event,
     activity: Activity,
+    memory: MemorySampler | None = None,
 ) -> None:
     """Answer tasks until :class:`Stop`, or until ``stopping`` is set (checked before each
     fetch, so tasks queued behind a stop request are not fetched). Shared by process and
@@ -215,6 +217,8 @@ def run_worker_loop(
         if isinstance(message, Resume):
             if slabs is not None:
                 slabs.begin(message.freed)
+            if memory is not None:
+                memory.restart()
             if broken is None:
                 fetcher = keeper.open(config.fetcher, None)
             if config.report_start:
@@ -272,7 +276,9 @@ def run_worker_loop(
                 slab.shared()
                 slab.announced = True
         used_ids = tuple(s.id for s in used)
-        send(Done(message.task, payload, used_ids, report, timing, outcome, cpu=fetcher.cpu_s))
+        held = memory.after_batch() if memory is not None else -1
+        cpu = fetcher.cpu_s
+        send(Done(message.task, payload, used_ids, report, timing, outcome, cpu=cpu, memory=held))
 
 
 def _watch_parent(
@@ -362,6 +368,7 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
             announce=announce,
             stopping=stopping,
             activity=activity,
+            memory=MemorySampler(),
         )
         send(Stop())  # leaving: the main process waits for the interpreter to finish
     except (BrokenPipeError, EOFError, ConnectionResetError):

@@ -241,12 +241,44 @@ def waiting_reads(f: Findings) -> Advice | None:
     return Advice("worker_type", current, "'thread'", reason, changes)
 
 
+def copy_on_write(f: Findings) -> Advice | None:
+    """Process workers whose own memory grew far past a working set during the run: they copy
+    the main process's pages as they read the dataset's Python objects (each read writes a
+    reference count; see ferry._engine.memory). Threads share the objects instead, unless
+    ``__getitem__`` holds the GIL (two threads barely faster than one): then the objects
+    belong in one buffer that reads do not write (``ferry.SharedList``)."""
+    stats = f.stats
+    if stats.engine != "process" or not stats.copy_on_write:
+        return None
+    measured = [w for w in stats.workers if w.memory_bytes >= 0]
+    reason = (
+        f"the {len(measured)} worker processes grew by {stats.memory_growth_bytes / 2**20:,.0f} "
+        "MiB in one epoch, copying the main process's pages as they read the dataset's Python "
+        "objects (copy-on-write: each read writes a reference count), so the memory grows "
+        "with every worker; "
+    )
+    probe = f.threads
+    if probe is not None and probe.speedup < GIL_BOUND:
+        reason += (
+            f"thread workers would share the objects, but two made only {probe.speedup:.2f}x "
+            "the batches of one (__getitem__ holds the GIL)"
+        )
+        return Advice("dataset", "", "keep its list of objects in ferry.SharedList", reason)
+    reason += (
+        "thread workers share them (or keep them in ferry.SharedList, one buffer that reads "
+        "do not copy)"
+    )
+    return Advice("worker_type", "'process'", "'thread'", reason, {"worker_type": "thread"})
+
+
 def thread_workers(f: Findings) -> Advice | None:
     """Process workers (or the advice to add some): threads, when two worker threads make
     batches nearly twice as fast as one (``__getitem__`` releases the GIL) and processes cost
     something threads would not, or when moving batches between processes costs more than
     making them."""
     if f.options.get("worker_type", "process") != "process" or waiting_reads(f) is not None:
+        return None
+    if copy_on_write(f) is not None:  # (said there)
         return None
     target = _worker_target(f) or f.workers
     if not target or not f.loader_bound:
@@ -379,6 +411,7 @@ def pin_batches(f: Findings) -> Advice | None:
 
 RULES: tuple[Callable[[Findings], Advice | None], ...] = (
     waiting_reads,
+    copy_on_write,
     more_workers,
     thread_workers,
     process_workers,

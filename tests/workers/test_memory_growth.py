@@ -1,0 +1,236 @@
+"""Copy-on-write growth of process workers, measured and acted on (issue 22, item 1).
+
+A forked worker that reads the items of a large list of Python objects copies the pages they
+sit on (each read writes a reference count). The workers measure their own share of anonymous
+memory (``ferry._engine.memory``): ``stats()`` shows it and says what it is,
+``num_workers="auto"`` moves to thread workers when the growth would exceed what the system has,
+and the doctor advises threads (its rule is tested in ``test_doctor.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import ferry
+from ferry._engine import memory, pool
+from ferry._engine.memory import COPY_ON_WRITE, MemorySampler, anon_bytes, growth_verdict
+from ferry.stats import LoaderStats
+
+linux = pytest.mark.skipif(
+    not Path("/proc/self/smaps_rollup").exists(), reason="needs /proc/<pid>/smaps_rollup (Linux)"
+)
+MiB = 1 << 20
+
+
+class Strings(tud.Dataset[int]):
+    """``n`` distinct Python strings in a list: the dataset that copy-on-write grows."""
+
+    def __init__(self, n: int) -> None:
+        self.items = [f"sample-{i:012d}-{'x' * (i % 7)}" for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> int:
+        return len(self.items[index])
+
+
+# --- the measure and when it is taken -----------------------------------------------------------
+
+
+def _rollup(tmp_path: Path, **fields: int) -> str:
+    path = tmp_path / "smaps_rollup"
+    lines = ["55846f823000-7ffc80097000 ---p 00000000 00:00 0   [rollup]"]
+    lines += [f"{name}:{kib:>12} kB" for name, kib in fields.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_the_measure_is_the_share_of_anonymous_memory(tmp_path: Path) -> None:
+    path = _rollup(tmp_path, Rss=900, Pss=500, Pss_Anon=300, Private_Clean=8, Private_Dirty=100)
+    assert anon_bytes(path) == 300 * 1024
+    # An older kernel without Pss_Anon: the private pages stand in.
+    older = _rollup(tmp_path, Rss=900, Pss=500, Private_Clean=8, Private_Dirty=100)
+    assert anon_bytes(older) == 108 * 1024
+    assert anon_bytes(str(tmp_path / "missing")) == -1
+
+
+@linux
+def test_this_process_has_a_measure() -> None:
+    assert anon_bytes() > 0
+    assert memory.resident_anon_bytes() > 0
+
+
+def test_a_worker_measures_after_the_first_batch_then_at_most_once_a_second() -> None:
+    now = [0.0]
+    reads: list[float] = []
+
+    def read() -> int:
+        reads.append(now[0])
+        now[0] += 0.002  # a read takes 2 ms
+        return 100
+
+    sampler = MemorySampler(read, lambda: now[0])
+    assert sampler.after_batch() == 100  # the first batch: the baseline
+    now[0] += 0.5
+    assert sampler.after_batch() == -1  # not a second yet
+    now[0] += 0.6
+    assert sampler.after_batch() == 100
+    sampler.restart()  # a new epoch (persistent workers): its first batch is measured
+    assert sampler.after_batch() == 100
+    assert len(reads) == 3
+
+
+def test_a_slow_measure_is_taken_less_often() -> None:
+    now = [0.0]
+
+    def read() -> int:
+        now[0] += 0.05  # 50 ms a read (a huge process): at most every 5 s (1% of the time)
+        return 1
+
+    sampler = MemorySampler(read, lambda: now[0])
+    assert sampler.after_batch() == 1
+    now[0] += 2.0
+    assert sampler.after_batch() == -1
+    now[0] += 3.0
+    assert sampler.after_batch() == 1
+
+
+def test_no_measure_where_the_system_has_none() -> None:
+    calls = []
+    sampler = MemorySampler(lambda: calls.append(1) or -1, lambda: 10.0 * len(calls))
+    assert sampler.after_batch() == -1
+    assert sampler.after_batch() == -1
+    assert len(calls) == 1  # not asked again
+
+
+# --- when num_workers="auto" moves to threads ---------------------------------------------------
+
+
+def test_growth_below_a_working_set_never_moves() -> None:
+    assert growth_verdict(COPY_ON_WRITE - 1, 10, 10_000, 100 * MiB) == ""
+
+
+def test_growth_is_projected_to_the_end_of_the_epoch_against_half_the_memory() -> None:
+    # 100 MiB in 100 batches, 100 left: 200 MiB by the end.
+    assert growth_verdict(100 * MiB, 100, 100, 401 * MiB) == ""
+    why = growth_verdict(100 * MiB, 100, 100, 399 * MiB)
+    assert "copied 100 MiB" in why
+    assert "about 200 MiB" in why
+    assert "399 MiB available" in why
+
+
+def test_the_projection_stops_at_what_the_workers_can_copy() -> None:
+    # Linear: 1,100 MiB; but each of 2 workers can copy at most the main process's 150 MiB.
+    assert growth_verdict(100 * MiB, 100, 1000, 700 * MiB, ceiling=300 * MiB) == ""
+    assert "about 300 MiB" in growth_verdict(100 * MiB, 100, 1000, 500 * MiB, 300 * MiB)
+
+
+def test_no_move_without_the_memory_figure() -> None:
+    assert growth_verdict(10_000 * MiB, 1, 10, None) == ""
+    assert growth_verdict(10_000 * MiB, 0, 10, 1) == ""
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+
+def _epoch(loader: ferry.DataLoader[Any]) -> tuple[list[list[int]], LoaderStats]:
+    batches = [batch.tolist() for batch in loader]
+    stats = loader.stats()
+    assert stats is not None
+    return batches, stats
+
+
+@linux
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_stats_show_the_growth_of_workers_that_copy_the_dataset() -> None:
+    dataset = Strings(1_500_000)
+    loader = ferry.DataLoader(
+        dataset, batch_size=256, shuffle=True, num_workers=2, multiprocessing_context="fork"
+    )
+    _, stats = _epoch(loader)
+    assert all(w.memory_bytes > 0 for w in stats.workers)
+    assert stats.memory_growth_bytes >= 2 * COPY_ON_WRITE, stats.memory_growth_bytes
+    assert stats.copy_on_write
+    text = str(stats)
+    assert "workers' own memory" in text
+    assert "copy-on-write" in text
+    assert "worker_type='thread'" in text
+    assert "ferry.SharedList" in text
+    plain = stats.as_dict()
+    assert plain["copy_on_write"] is True
+    assert plain["memory_growth_bytes"] == stats.memory_growth_bytes
+
+
+@linux
+@pytest.mark.timeout(120)
+def test_workers_that_read_no_shared_objects_show_no_copy_on_write() -> None:
+    loader = ferry.DataLoader(range(4096), batch_size=64, num_workers=2)
+    _, stats = _epoch(loader)
+    assert all(w.memory_bytes > 0 for w in stats.workers)  # measured ...
+    assert not stats.copy_on_write  # ... and small
+    assert "copy-on-write" not in str(stats)
+
+
+@pytest.mark.timeout(60)
+def test_thread_workers_and_the_inline_loader_have_nothing_to_measure() -> None:
+    for options in ({"num_workers": 2, "worker_type": "thread"}, {"num_workers": 0}):
+        loader = ferry.DataLoader(range(256), batch_size=16, **options)
+        _, stats = _epoch(loader)
+        assert all(w.memory_bytes == -1 for w in stats.workers)
+        assert stats.memory_growth_bytes == 0
+        assert not stats.copy_on_write
+        assert "workers' own memory" not in str(stats)
+
+
+@linux
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_auto_moves_to_threads_when_the_growth_would_exceed_the_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dataset = Strings(1_500_000)
+    # A machine with little memory to spare: 240 MiB, of which the workers may take half.
+    monkeypatch.setattr(pool, "available_memory", lambda: 240 * MiB)
+
+    def loader(workers: Any) -> ferry.DataLoader[Any]:
+        return ferry.DataLoader(
+            dataset,
+            batch_size=256,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(7),
+            num_workers=workers,
+            multiprocessing_context="fork",
+        )
+
+    auto = loader("auto")
+    first, stats = _epoch(auto)
+    assert stats.engine == "thread"
+    assert "copy-on-write" in stats.tuning
+    assert "240 MiB available" in stats.tuning
+    second, stats = _epoch(auto)
+    assert stats.engine == "thread"
+    assert auto.worker_type == "thread"  # kept for the next epochs
+    # Not a batch changed: the same as fixed process workers over the same seeds.
+    fixed = loader(2)
+    assert first == _epoch(fixed)[0]
+    assert second == _epoch(fixed)[0]
+
+
+@linux
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_auto_keeps_processes_where_the_memory_suffices() -> None:
+    loader = ferry.DataLoader(
+        Strings(300_000), batch_size=256, num_workers="auto", multiprocessing_context="fork"
+    )
+    _, stats = _epoch(loader)
+    assert stats.engine == "process"
+    assert "copy-on-write" not in stats.tuning
