@@ -20,7 +20,7 @@ import torch
 import torch.utils.data as tud
 
 import ferry
-from ferry._engine.reads import PARALLEL_FROM, WaitJudge
+from ferry._engine.reads import PARALLEL_FROM, SampleReads, WaitJudge
 from workers.test_sample_reads import Waiting, _wait_no_reads
 
 
@@ -142,3 +142,43 @@ def test_an_async_dataset_stays_in_processes_that_await_it() -> None:
     loader = _auto(Remote())
     assert [b[0].tolist() for b in loader] == want
     assert loader.stats().engine == "process"
+
+
+class Logged(Waiting):
+    """Waiting, and each read appends its index to a file (shared by every process)."""
+
+    def __init__(self, path: str, n: int) -> None:
+        super().__init__(n=n)
+        self.path = path
+
+    def __getitem__(self, index: int) -> int:
+        value = super().__getitem__(index)
+        with open(self.path, "a") as log:
+            log.write(f"{index}\n")
+        return value
+
+
+@pytest.mark.timeout(90)
+def test_batches_the_processes_made_before_the_switch_are_not_read_again(tmp_path: Any) -> None:
+    """The judge decides when each process worker's first batch has arrived: those batches are
+    handed out as made, and only batches still in the stopped processes are read again."""
+    path = str(tmp_path / "reads.log")
+    loader = _auto(Logged(path, n=160))
+    assert [x for b in loader for x in b.tolist()] == list(range(160))
+    assert loader.stats().engine == "thread"
+    with open(path) as log:
+        reads = [int(line) for line in log]
+    counts = {index: reads.count(index) for index in range(160)}
+    assert all(counts[i] == 1 for i in range(16)), counts  # batches 0 and 1: made once
+    assert max(counts.values()) <= 2
+
+
+def test_reads_measured_elsewhere_run_at_once_from_the_first_read() -> None:
+    judge = WaitJudge(batches=2)
+    judge.add(0.08, 0.0008, reads=8)
+    judge.add(0.08, 0.0008, reads=8)
+    assert judge.per_read() == pytest.approx((0.01, 0.0001))
+    reads = SampleReads(measured=judge.per_read())
+    assert reads.width == 64  # the ratio (100), at most the pool: no first read alone
+    assert WaitJudge(batches=1).per_read() is None
+    assert SampleReads().width == 1

@@ -336,7 +336,12 @@ class WorkerIterator(Incidents, LoaderIterator):
         process's generators, as thread workers do). Only for a map-style dataset with no
         state of its own (``_judge_waiting``), so no worker's position has to move over."""
         why, self._to_threads = self._to_threads, ""
-        self._finalizer()  # the process workers stop; their batches not handed out are dropped
+        # Batches the process workers made already are handed out as they are (they lie in
+        # slabs the main process keeps mapped while a tensor is over them); the rest, which
+        # are dropped with the process workers, are fetched again. (With pinning, a made batch
+        # waits on the stopping group's pin thread: fetched again too.)
+        keep_made = self._group.pinner is None
+        self._finalizer()  # the process workers stop
         self._plan = replace(self._plan, worker_type="thread")
         self._track.plan = self._plan
         self._track.switched = why
@@ -344,7 +349,8 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._judge_waiting = False
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.shutdown)
-        self._group.reads = SampleReads()
+        # The thread workers' reads run at once from the first: the judge measured them.
+        self._group.reads = SampleReads(measured=self._judge.per_read())
         self._track.stats.reads = self._group.reads
         if self._plan.pin:
             self._group.pinner = Pinner(self._plan.pin_memory_device)
@@ -373,6 +379,8 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._in_flight = [0] * self._num_workers
         for number in sorted(self._tasks):
             task = self._tasks[number]
+            if task.arrived and keep_made:
+                continue
             task.arrived, task.result, task.error, task.outcome = False, None, None, None
             self._in_flight[task.worker_id] += 1
             self._channel.send_task(self._workers[task.worker_id], number, task.key)
@@ -530,7 +538,8 @@ class WorkerIterator(Incidents, LoaderIterator):
                         self._to_threads = self._memory_verdict()
                 if self._judge_waiting and not self._judge.decided and message.cpu >= 0:
                     fetch, collate = message.timing[0], message.timing[1]
-                    self._to_threads = self._judge.add(fetch + collate, message.cpu)
+                    reads = _key_length(task.key)
+                    self._to_threads = self._judge.add(fetch + collate, message.cpu, reads)
                 task.outcome = message.outcome
                 if message.empty:
                     task.result = DROPPED
@@ -604,3 +613,11 @@ class WorkerIterator(Incidents, LoaderIterator):
     def _shutdown_workers(self) -> None:
         """Stop the workers now (also called by the finalizer)."""
         self._finalizer()
+
+
+def _key_length(key: Any) -> int:
+    """How many samples a batch key names (1 for a single key)."""
+    try:
+        return max(len(key), 1)
+    except TypeError:
+        return 1

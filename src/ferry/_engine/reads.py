@@ -109,6 +109,7 @@ class SampleReads:
         *,
         clock: Callable[[], float] = perf_counter,
         cpu_clock: Callable[[], float] = thread_time,
+        measured: tuple[float, float] | None = None,
     ) -> None:
         self.limit = limit
         self._clock, self._cpu_clock = clock, cpu_clock
@@ -120,6 +121,8 @@ class SampleReads:
         self.cpu: float | None = None
         self.width = 1
         self.peak_width = 1  # the most reads of one batch run at once (for the statistics)
+        if measured is not None:  # (one read's wall and CPU seconds, measured elsewhere)
+            self._measured(*measured)
 
     @property
     def ratio(self) -> float:
@@ -235,14 +238,22 @@ class WaitJudge:
     def __init__(self, batches: int) -> None:
         self.batches = max(batches, 1)
         self.wall = self.cpu = 0.0
-        self.seen = 0
+        self.seen = self.reads = 0
         self.decided = False
 
-    def add(self, wall: float, cpu: float) -> str:
+    def per_read(self) -> tuple[float, float] | None:
+        """One read's mean wall and CPU seconds over the batches judged (None: none yet)."""
+        if not self.reads:
+            return None
+        return self.wall / self.reads, self.cpu / self.reads
+
+    def add(self, wall: float, cpu: float, reads: int = 1) -> str:
+        """A batch of ``reads`` samples took ``wall`` seconds and ``cpu`` CPU seconds."""
         if self.decided:
             return ""
         self.wall += wall
         self.cpu += cpu
+        self.reads += reads
         self.seen += 1
         if self.seen < self.batches:
             return ""
