@@ -15,10 +15,13 @@ and two workloads: ``str`` (paths, 2 workers) and ``dict`` (``{"path", "label"}`
 thread of the main process sums ``Pss`` of ``/proc/<pid>/smaps_rollup`` over the main process
 and its children every 50 ms; growth is the peak minus the sum just before ``iter()``. PSS
 counts a page shared by k processes as 1/k in each, so the sum is the memory the tree uses.
+The workers' USS column is the peak of their summed ``Private_Clean + Private_Dirty``: what
+they hold that no other process shares (copied pages and their own allocations).
 
     .venv/bin/python scripts/memory_cow.py                 # 3M items each (a few minutes)
     .venv/bin/python scripts/memory_cow.py --items 300000  # quicker
     .venv/bin/python scripts/memory_cow.py --loaders torch,ferry-shared --workloads str
+    .venv/bin/python scripts/memory_cow.py --gc-freeze --sequential  # the remaining growth
 
 Linux only (``/proc``).
 """
