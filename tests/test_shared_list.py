@@ -6,9 +6,11 @@ reference counts), workers reading a SharedList do not."""
 from __future__ import annotations
 
 import copy
+import mmap
 import os
 import pickle
 import sys
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +18,7 @@ import pytest
 import torch
 
 import ferry
-from ferry import SharedList
+from ferry import SharedList, shared_list
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 
@@ -123,6 +125,18 @@ def test_large_objects_and_many_items() -> None:
     many = SharedList(f"/data/{i}.jpg" for i in range(100_000))
     assert many[77_777] == "/data/77777.jpg"
     assert many[-1] == "/data/99999.jpg"
+
+
+def test_builds_where_mappings_cannot_be_resized(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoResize(mmap.mmap):
+        def resize(self, newsize: int) -> None:
+            raise SystemError("mmap: resizing not available--no mremap()")
+
+    monkeypatch.setattr(
+        shared_list, "mmap", types.SimpleNamespace(mmap=NoResize, ACCESS_READ=mmap.ACCESS_READ)
+    )
+    values = [bytes([i]) * 50_000 for i in range(10)]  # past the first capacity several times
+    assert list(SharedList(values)) == values
 
 
 def test_items_that_cannot_be_pickled_are_named() -> None:

@@ -65,9 +65,10 @@ class SharedList(Sequence[T]):
     """An immutable list of picklable objects held in one shared-memory buffer.
 
     ``SharedList(items)`` takes any iterable (read once). Indexing (negative indices too) and
-    iteration decode items on access; a slice gives a ``list``. Use it in place of a ``list`` of
-    many small Python objects in a dataset read by process workers: see the module docstring
-    for why worker memory then stays flat.
+    iteration decode items on access, so each access returns a new object; a slice gives a
+    ``list``. Compare contents with ``list(shared) == other`` (``==`` compares
+    identity). Use it in place of a ``list`` of many small Python objects in a dataset read by
+    process workers: see the module docstring for why worker memory then stays flat.
 
     Example::
 
@@ -234,14 +235,25 @@ def _write_items(fd: int, items: Iterator[Any]) -> tuple[mmap.mmap, int, int]:
             start, end = end, end + len(blob)
             if end > capacity:
                 capacity = max(2 * capacity, end)
-                target.resize(capacity)
+                target = _resized(target, fd, capacity)
             target[start:end] = blob
             offsets.append(end)
         table = _aligned(end)
         size = table + len(offsets) * _OFFSET
-        target.resize(size)
+        target = _resized(target, fd, size)
         target[table:size] = offsets.tobytes()
     except BaseException:
         target.close()
         raise
     return target, len(offsets) - 1, end
+
+
+def _resized(target: mmap.mmap, fd: int, size: int) -> mmap.mmap:
+    """``target``, the mapping of ``fd``, over ``size`` bytes; the file grows or shrinks."""
+    try:
+        target.resize(size)
+    except SystemError:  # no mremap (macOS): map the resized file again, its bytes stay
+        target.close()
+        os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    return target
