@@ -15,7 +15,7 @@ batches on their way) are not anonymous memory and do not count. Where ``Pss_Ano
 
 Reading ``smaps_rollup`` walks the process's page tables (about 2.5 ms for a 500 MB process on
 the dev machine), so a worker reads it after the first batch of each epoch (the baseline: the
-worker's working set is in place) and then at most once a second, and never for more than 1%
+worker's working set is in place) and then at most four times a second, and never for more than 1%
 of its time; the figure travels with the batch (``Done.memory``). The main process keeps the
 first and latest figure of each worker (``ferry.stats``), which is what ``stats()``, the
 doctor and ``num_workers="auto"`` read.
@@ -37,8 +37,8 @@ __all__ = [
 # Workers whose memory grew this much on average during an epoch (after their first batch):
 # more than a working set of decoded samples, the signature of copy-on-write.
 COPY_ON_WRITE = 64 << 20
-# Read at most once per this many seconds ...
-INTERVAL_S = 1.0
+# Read at most four times a second ...
+INTERVAL_S = 0.25
 # ... and never for more than 1 / this of the worker's time.
 COST_SHARE = 100
 
@@ -65,8 +65,8 @@ def anon_bytes(path: str = _ROLLUP) -> int:
 
 
 class MemorySampler:
-    """When a worker reads its memory: after the first batch of an epoch, then at most once a
-    second and within 1% of its time. :meth:`after_batch` returns the figure, or -1 when it
+    """When a worker reads its memory: after the first batch of an epoch, then at most four
+    times a second and within 1% of its time. :meth:`after_batch` returns the figure, or -1 when it
     was not read (not due, or not available on this system)."""
 
     def __init__(

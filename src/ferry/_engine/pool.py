@@ -42,7 +42,7 @@ from ferry._engine.incidents import Incidents, Task
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import LoaderIterator
 from ferry._engine.keys import stateful_part
-from ferry._engine.memory import growth_verdict, resident_anon_bytes
+from ferry._engine.memory import anon_bytes, growth_verdict, resident_anon_bytes
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
@@ -319,6 +319,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         try:
             return self._next_result()
         except StopIteration:
+            self._measure_memory()
             if not self._plan.persistent_workers:
                 self._finalizer()
             raise
@@ -551,6 +552,15 @@ class WorkerIterator(Incidents, LoaderIterator):
                     task.result = self._group.pinner.submit(task.result)
             case _:
                 assert_never(message)
+
+    def _measure_memory(self) -> None:
+        """The epoch ended: read each process worker's memory from here (it is idle now; its
+        own measures are at most four times a second, and may miss the end of a short epoch)."""
+        stats = self._track.stats
+        for worker in self._workers:
+            if worker.pid is not None and stats.memory_first[worker.worker_id] >= 0:
+                held = anon_bytes(f"/proc/{worker.pid}/smaps_rollup")
+                stats.worker_memory(worker.worker_id, held)
 
     def _memory_verdict(self) -> str:
         """num_workers="auto": why the process workers' memory growth calls for threads
