@@ -209,7 +209,8 @@ def test_an_error_found_while_reading_ahead_is_the_next_batchs(
     poll_for = iterator._poll
 
     def failing_poll(wait_for: float) -> Any:
-        upcoming = iterator._tasks.get(iterator._next_yield)
+        schedule = iterator._schedule
+        upcoming = schedule.tasks.get(schedule.next_yield)
         if upcoming is not None and upcoming.arrived:  # reading ahead
             raise RuntimeError("the pipe broke while reading ahead")
         return poll_for(wait_for)

@@ -12,15 +12,14 @@ import contextlib
 import multiprocessing
 import os
 import time
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from ferry._engine.channels import Channel, WorkerGone, WorkerMessage
 from ferry._engine.cursor import WorkerCursor
-from ferry._engine.fetch import Outcome
 from ferry._engine.group import WorkerGroup, WorkerHandle, replace_process
 from ferry._engine.messages import Stack, StackRequest
 from ferry._engine.plan import EpochPlan
+from ferry._engine.schedule import Scheduler
 from ferry._engine.stall import (
     STACK_REPLY_TIMEOUT,
     Holder,
@@ -40,23 +39,7 @@ from ferry.errors import (
     warn_from_user_code,
 )
 
-__all__ = ["Incidents", "Task"]
-
-
-@dataclass
-class Task:
-    """A batch handed to a worker, until it is handed to the user."""
-
-    worker_id: int
-    key: Any
-    number: int  # the key's number in the epoch
-    result: Any = None
-    arrived: bool = False
-    error: BaseException | None = None
-    fatal: bool = False  # the error ends the iterator (its worker could not start)
-    position: WorkerCursor | None = None  # the worker's, after this batch
-    outcome: Outcome | None = None  # on_error="skip": samples tried and dropped
-    sent: float = 0.0  # time.perf_counter() when it was handed to the worker (stall reports)
+__all__ = ["Incidents"]
 
 
 class Incidents:
@@ -69,10 +52,9 @@ class Incidents:
     _workers: list[WorkerHandle]
     _channel: Channel
     _configs: list[WorkerConfig]
-    _tasks: dict[int, Task]
+    _schedule: Scheduler
     _latest: list[WorkerCursor]
     _replaced: set[int]
-    _next_yield: int
     _restarts: int
     _stall: float | None
     _stacks: dict[int, Stack]
@@ -88,7 +70,7 @@ class Incidents:
         """Warn (:class:`StallWarning`) with what each worker holding unfinished batches is
         doing (see :mod:`ferry._engine.stall`)."""
         assert self._stall is not None
-        holding = sorted({task.worker_id for task in self._tasks.values() if not task.arrived})
+        holding = self._schedule.holding()
         if self._threads:
             self._stacks = thread_stacks(self._workers, holding)
         else:
@@ -107,11 +89,9 @@ class Incidents:
             waited=waited,
             limit=self._stall,
             pending=[
-                Pending(n, t.worker_id, t.number, t.key, t.sent)
-                for n, t in self._tasks.items()
-                if not t.arrived
+                Pending(n, t.worker_id, t.index, t.key, t.sent) for n, t in self._schedule.pending()
             ],
-            waiting_for=self._next_yield,
+            waiting_for=self._schedule.next_yield,
             holders={
                 w: Holder(self._workers[w].pid, self._stacks.get(w), self._starting_for(w))
                 for w in holding
@@ -129,8 +109,8 @@ class Incidents:
         """What ``worker_id`` was making: each distinct key once, with a count if repeated
         (a stream's keys all read "the next batch of its dataset stream")."""
         counts: dict[str, int] = {}
-        for task in self._tasks.values():
-            if task.worker_id == worker_id and not task.arrived:
+        for _, task in self._schedule.pending():
+            if task.worker_id == worker_id:
                 what = describe_key(task.key, self._iterable_style)
                 counts[what] = counts.get(what, 0) + 1
         if not counts:
@@ -169,21 +149,16 @@ class Incidents:
         new = replace_process(self._group, config, context)
         self._workers = self._group.workers
         self._channel.replaced(dead, new)
-        unfinished = sorted(
-            number
-            for number, task in self._tasks.items()
-            if task.worker_id == worker_id and not task.arrived
-        )
+        unfinished = self._schedule.unfinished(worker_id)
         warn_from_user_code(
             f"{died}. It was replaced by a new worker process (pid {new.pid}; restart "
             f"{self._restarts} of max_worker_restarts={limit}), which fetches its "
             f"{len(unfinished)} unfinished batches again: the epoch goes on unchanged.",
             WorkerRestartWarning,
         )
-        for number in unfinished:
-            task = self._tasks[number]
+        for task_id in unfinished:
             try:
-                self._channel.send_task(new, number, task.key)
+                self._channel.send_task(new, task_id, self._schedule.tasks[task_id].key)
             except WorkerGone:
                 raise self._died(new) from None
 
@@ -199,7 +174,7 @@ class Incidents:
     def _timeout_error(self) -> WorkerTimeout:
         # torch's words, with the timeout as the user gave it ("after 5 seconds").
         waited = f"DataLoader timed out after {self._plan.timeout} seconds"
-        task = self._tasks.get(self._next_yield)
+        task = self._schedule.tasks.get(self._schedule.next_yield)
         if task is None:
             return WorkerTimeout(f"{waited} waiting for a batch (timeout={self._plan.timeout})")
         worker = self._workers[task.worker_id]

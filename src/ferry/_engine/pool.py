@@ -38,7 +38,7 @@ from ferry._engine.group import (
     start_processes,
     start_threads,
 )
-from ferry._engine.incidents import Incidents, Task
+from ferry._engine.incidents import Incidents
 from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import LoaderIterator
 from ferry._engine.keys import stateful_part
@@ -47,6 +47,7 @@ from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
 from ferry._engine.reads import POOL_LIMIT, SampleReads, WaitJudge
+from ferry._engine.schedule import Scheduler, TaskId
 from ferry._engine.shm import available_memory
 from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
 from ferry._engine.track import Delivery
@@ -85,12 +86,13 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._num_workers = plan.num_workers
         self._prefetch = plan.prefetch_factor
         self._in_order = plan.in_order
+        # Which worker makes which batch and which is handed out next (no transport).
+        self._schedule = Scheduler(plan.num_workers, plan.prefetch_factor, plan.in_order)
         self._timeout = plan.timeout
         self._threads = plan.worker_type == "thread"
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.shutdown)
         self._fatal: BaseException | None = None
-        self._next_task = 0
         self._restarts = 0  # dead workers replaced by this iterator (max_worker_restarts)
         self._stall = plan.failures.stall_warning
         self._waiting_since = 0.0  # when the loop began waiting for the batch it waits for
@@ -208,15 +210,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         # prefetch queue, as torch does, so RNG draws happen in the same order.
         self._keys_done = False
         self._track.stats.reads = self._group.reads  # (None but for thread workers, map-style)
-        self._tasks: dict[int, Task] = {}
-        self._first_task = self._next_task
-        # Global task number of the epoch's key number 0 (tasks are numbered across epochs,
-        # so results of an abandoned epoch are told apart).
-        self._epoch_base = self._next_task - self._track.next_key
-        self._next_yield = self._first_task
-        self._in_flight = [0] * self._num_workers
-        self._active = [True] * self._num_workers
-        self._turn = self._track.turn
+        self._schedule.begin_epoch(self._track.next_key, self._track.turn)
         self._latest = list(self._track.workers)
         self._replaced: set[int] = set()  # workers started in a dead one's place this epoch
         group = self._group
@@ -248,7 +242,7 @@ class WorkerIterator(Incidents, LoaderIterator):
             if dead:
                 # Replaced at the new epoch's start, with nothing of the old epoch to redo
                 # (a late result of it is dropped by its task number).
-                self._latest, self._tasks = list(self._track.workers), {}
+                self._latest, self._schedule.tasks = list(self._track.workers), {}
                 for worker in dead:
                     try:
                         self._replace(worker)
@@ -268,46 +262,22 @@ class WorkerIterator(Incidents, LoaderIterator):
 
     def _dispatch(self) -> None:
         """Hand the next key of the epoch to a worker, if there is a key and a free worker."""
-        if self._keys_done or not any(self._active) or self._group.closed:
+        if self._keys_done or not self._schedule.can_assign() or self._group.closed:
             return
         stats = self._track.stats
         start = time.perf_counter()
         try:
-            number, key = next(self._track.keys)
+            index, key = next(self._track.keys)
         except StopIteration:
             self._keys_done = True
             return
         finally:
             stats.sampler += time.perf_counter() - start
-        worker_id = self._pick_worker()
-        worker = self._workers[worker_id]
-        task = self._epoch_base + number
-        self._next_task = task + 1
-        self._tasks[task] = Task(worker_id, key, number, sent=start)
-        self._in_flight[worker_id] += 1
+        task_id, task = self._schedule.assign(index, key, sent=start)
         try:
-            self._channel.send_task(worker, task, key)
+            self._channel.send_task(self._workers[task.worker_id], task_id, key)
         except WorkerGone as gone:
             self._replace(gone.worker)
-
-    def _next_turn(self) -> int:
-        candidate = self._turn
-        self._turn = (candidate + 1) % self._num_workers
-        return candidate
-
-    def _pick_worker(self) -> int:
-        if self._in_order:
-            for _ in range(self._num_workers):
-                candidate = self._next_turn()
-                if self._active[candidate]:
-                    return candidate
-        active = [w for w in range(self._num_workers) if self._active[w]]
-        least = min(self._in_flight[w] for w in active)
-        for _ in range(self._num_workers):
-            candidate = self._next_turn()
-            if self._active[candidate] and self._in_flight[candidate] == least:
-                return candidate
-        return active[0]
 
     # -- the main loop -------------------------------------------------------------------------
 
@@ -377,21 +347,17 @@ class WorkerIterator(Incidents, LoaderIterator):
             raise
         self._workers = self._group.workers
         self._channel = open_channel(self._group, True)
-        self._in_flight = [0] * self._num_workers
-        for number in sorted(self._tasks):
-            task = self._tasks[number]
-            if task.arrived and keep_made:
-                continue
-            task.arrived, task.result, task.error, task.outcome = False, None, None, None
-            self._in_flight[task.worker_id] += 1
-            self._channel.send_task(self._workers[task.worker_id], number, task.key)
+        for task_id in self._schedule.reassign_all(keep_made):
+            task = self._schedule.tasks[task_id]
+            self._channel.send_task(self._workers[task.worker_id], task_id, task.key)
 
     def _next_result(self) -> Delivery:
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         stats = self._track.stats
         waited = False
+        schedule = self._schedule
         while True:
-            task = self._skip_to_next_task()
+            task = schedule.next_task()
             if task is None:
                 raise StopIteration
             if task.arrived:
@@ -407,7 +373,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                 got = self._receive(deadline)
             self._handle(*got)
             if not self._in_order:
-                ready = next((t for t, s in self._tasks.items() if s.arrived), None)
+                ready = schedule.first_arrived()
                 if ready is not None:
                     stats.waited += 1
                     self._read_ahead()
@@ -416,7 +382,7 @@ class WorkerIterator(Incidents, LoaderIterator):
             stats.waited += 1
         else:
             stats.ready += 1
-        return self._deliver(self._next_yield)
+        return self._deliver(schedule.next_yield)
 
     def _read_ahead(self) -> None:
         """Handle the messages already there, so the batches in them are pinned while the
@@ -447,25 +413,12 @@ class WorkerIterator(Incidents, LoaderIterator):
             self._finalizer()
             raise exc from None
 
-    def _skip_to_next_task(self) -> Task | None:
-        """The task to yield next; skips tasks already yielded (out of order) and tasks of
-        workers whose stream has ended. None when the epoch is over."""
-        while self._next_yield < self._next_task:
-            task = self._tasks.get(self._next_yield)
-            if task is not None and (task.arrived or self._active[task.worker_id]):
-                return task
-            self._tasks.pop(self._next_yield, None)
-            self._next_yield += 1
-        return None
-
-    def _deliver(self, number: int) -> Delivery:
-        task = self._tasks.pop(number)
-        if number == self._next_yield:
-            self._next_yield += 1
+    def _deliver(self, task_id: TaskId) -> Delivery:
+        task = self._schedule.take(task_id)
         self._dispatch()
         error, task.error = task.error, None
         if error is None:
-            return Delivery(task.result, task.number, task.worker_id, task.position, task.outcome)
+            return Delivery(task.result, task.index, task.worker_id, task.position, task.outcome)
         if task.fatal:
             self._fatal = error
             self._finalizer()
@@ -495,24 +448,20 @@ class WorkerIterator(Incidents, LoaderIterator):
                 self._fatal = exc
                 self._finalizer()
                 raise exc
-            case Done(task=number) | Exhausted(task=number) | Failed(task=int() as number) if (
-                number < self._first_task
+            case Done(task=task_id) | Exhausted(task=task_id) | Failed(task=int() as task_id) if (
+                self._schedule.stale(task_id)
             ):
                 # From an abandoned epoch (in-flight counts were reset when the new one began):
                 # dropped unread, so its slabs go straight back.
                 if isinstance(message, Done) and message.slabs:
                     self._workers[worker_id].slabs.release(message.slabs)
                 return
-            case Exhausted(task=number):
-                self._in_flight[worker_id] -= 1
-                self._active[worker_id] = False
-                self._tasks.pop(number, None)  # already skipped if its turn came first
+            case Exhausted(task=task_id):
+                self._schedule.stream_ended(worker_id, TaskId(task_id))
                 self._dispatch()
-            case Failed(task=number):
-                assert number is not None  # (a failure of ours in a thread is matched above)
-                self._in_flight[worker_id] -= 1
-                task = self._tasks[number]
-                task.arrived = True
+            case Failed(task=task_id):
+                assert task_id is not None  # (a failure of ours in a thread is matched above)
+                task = self._schedule.arrived(TaskId(task_id))
                 what = describe_key(task.key, self._iterable_style)
                 if message.stage:  # its set-up raised: the loader cannot go on without it
                     what = f"while starting ({message.stage}), so it could not fetch {what}"
@@ -520,15 +469,13 @@ class WorkerIterator(Incidents, LoaderIterator):
                 else:
                     what = "while fetching " + what
                 task.error = self._worker_exception(message, what)
-            case Done(task=number, report=report):
-                self._in_flight[worker_id] -= 1
-                task = self._tasks[number]
-                task.arrived = True
+            case Done(task=task_id, report=report):
+                task = self._schedule.arrived(TaskId(task_id))
                 latest = self._latest[worker_id]
                 if report is not None:
                     latest = report.resolve(latest)
                 if self._replays and (report is None or report.snapshot is None):
-                    latest = latest.fetched(task.number)
+                    latest = latest.fetched(task.index)
                 self._latest[worker_id] = task.position = latest
                 stats = self._track.stats
                 stats.worker_made(worker_id, *message.timing)
@@ -606,7 +553,7 @@ class WorkerIterator(Incidents, LoaderIterator):
     def _poll(self, wait_for: float) -> tuple[int, WorkerMessage] | None:
         """A message from any worker within ``wait_for`` seconds (0: one already there)."""
         try:
-            return self._channel.receive(wait_for, self._in_flight)
+            return self._channel.receive(wait_for, self._schedule.in_flight)
         except WorkerGone as gone:
             self._replace(gone.worker)
             return None
