@@ -247,8 +247,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                     try:
                         self._replace(worker)
                     except WorkerDied as exc:
-                        self._fatal = exc
-                        self._finalizer()
+                        self._fail(exc)
                         raise
             self._begin_epoch()
             if self._replays:
@@ -281,6 +280,12 @@ class WorkerIterator(Incidents, LoaderIterator):
 
     # -- the main loop -------------------------------------------------------------------------
 
+    def _fail(self, exc: BaseException) -> None:
+        """``exc`` ends this iterator: the workers stop now, and every later ``next()`` raises
+        it again."""
+        self._fatal = exc
+        self._finalizer()
+
     def _next_batch(self) -> Delivery:
         if self._fatal is not None:
             raise self._fatal
@@ -294,8 +299,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                 self._finalizer()
             raise
         except (WorkerDied, WorkerTimeout) as exc:
-            self._fatal = exc
-            self._finalizer()
+            self._fail(exc)
             raise
 
     def _become_threads(self) -> None:
@@ -342,8 +346,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         try:
             start_threads(self._group, configs, self._plan)
         except BaseException as exc:
-            self._fatal = exc
-            self._finalizer()
+            self._fail(exc)
             raise
         self._workers = self._group.workers
         self._channel = open_channel(self._group, True)
@@ -395,8 +398,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                 self._handle(*got)
         except Exception as exc:
             if self._fatal is None:
-                self._fatal = exc
-                self._finalizer()
+                self._fail(exc)
 
     def _take_pinned(self, job: PinJob, number: int) -> Any:
         try:
@@ -409,8 +411,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                 f"pin_memory thread to pin batch {number} of the epoch (it is stuck in "
                 "Tensor.pin_memory; a hung or busy accelerator driver is the usual cause)"
             )
-            self._fatal = exc
-            self._finalizer()
+            self._fail(exc)
             raise exc from None
 
     def _deliver(self, task_id: TaskId) -> Delivery:
@@ -420,8 +421,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         if error is None:
             return Delivery(task.result, task.index, task.worker_id, task.position, task.outcome)
         if task.fatal:
-            self._fatal = error
-            self._finalizer()
+            self._fail(error)
         try:
             raise error
         finally:
@@ -445,8 +445,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                 return
             case Failed(task=None):  # a bug of ours ended a thread worker
                 exc = self._worker_exception(message, f"while starting ({message.stage})")
-                self._fatal = exc
-                self._finalizer()
+                self._fail(exc)
                 raise exc
             case Done(task=task_id) | Exhausted(task=task_id) | Failed(task=int() as task_id) if (
                 self._schedule.stale(task_id)
@@ -561,8 +560,7 @@ class WorkerIterator(Incidents, LoaderIterator):
             # Out of descriptors in this process, a slab was lost on its way: the worker's
             # later batches may refer to it, so the iterator cannot go on. (The same error
             # raised in a worker fails only its batch: that worker lives on.)
-            self._fatal = exc
-            self._finalizer()
+            self._fail(exc)
             raise
 
     # -- teardown ------------------------------------------------------------------------------
