@@ -269,6 +269,20 @@ class StatsRecorder:
         # wall seconds those batches took (fetch and collate): see fetch.CPU_SAMPLE.
         self.cpu = self.cpu_made = 0.0
 
+    def handed_out(self, asked: float) -> float:
+        """A batch was handed out to a loop that asked for it at ``asked``; returns now."""
+        got = perf_counter()
+        self.wait += got - asked
+        if not self.batches:
+            self.first_batch, self.first_wait = got - self.started, got - asked
+        self.batches += 1
+        return got
+
+    def epoch_ended(self, asked: float) -> None:
+        """The loop asked at ``asked`` and learned that the epoch is over."""
+        self.ended = perf_counter()
+        self.wait += self.ended - asked
+
     def cpu_used(self, made: float, cpu: float) -> None:
         """A batch that took ``made`` wall seconds used ``cpu`` CPU seconds (-1: unmeasured)."""
         if cpu >= 0:

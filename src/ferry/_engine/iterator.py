@@ -51,7 +51,7 @@ from ferry._engine.keys import (
     draws_from_global,
     restore_between_epochs,
 )
-from ferry._engine.pin import PinJob, pin_batch
+from ferry._engine.pin import pin_batch
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position import PositionKeeper
 from ferry._engine.rng import generator_state, set_generator_state
@@ -219,62 +219,65 @@ class LoaderIterator(TorchLoaderIterator):
     def __next__(self) -> Any:
         track = self._track
         asked = perf_counter()
-        while True:
-            try:
-                batch, number, worker_id, worker, outcome = delivery = self._next_batch()
-            except StopIteration:
-                track.finished = True
-                track.stats.ended = perf_counter()
-                track.stats.wait += track.stats.ended - asked
-                raise
-            if outcome is None:
-                break
-            self._count_skips(track, delivery)
-            if batch is not DROPPED:
-                break
-        stats = track.stats
-        got = perf_counter()
-        stats.wait += got - asked
-        if not stats.batches:
-            stats.first_batch, stats.first_wait = got - stats.started, got - asked
-        stats.batches += 1
+        try:
+            delivery = self._next_kept()
+        except StopIteration:
+            track.finished = True
+            track.stats.epoch_ended(asked)
+            raise
+        got = track.stats.handed_out(asked)
         # The one place the position moves: the batch is now the user's.
-        track.delivered(number, worker_id, worker)
+        track.delivered(delivery.number, delivery.worker_id, delivery.worker)
         track.yielded += 1
-        # Only a len() asked before the epoch began counts (list(loader) asks one after).
-        reported = self._plan.reported_length
-        if reported is not None and track.yielded > reported and not self._length_warned:
-            self._length_warned = True
-            warnings.warn(
-                f"Length of IterableDataset {type(self._plan.dataset).__name__} was reported to "
-                f"be {reported} (when accessing len(dataloader)), but {track.yielded} samples "
-                f"have been fetched: this DataLoader has now yielded {track.yielded} batches, "
-                f"more than len(dataset) = {reported}."
-                + (
-                    " For multiprocessing data-loading, this could be caused by not properly "
-                    "configuring the IterableDataset replica at each worker: each of the "
-                    f"{self._plan.num_workers} workers runs its own copy of the stream, so "
-                    "each must read only its own share of it (see ferry.get_worker_info)."
-                    if self._plan.num_workers > 0
-                    else ""
-                ),
-                UserWarning,
-                stacklevel=2,
-            )
-        if isinstance(batch, PinJob):  # pinned in the background since it arrived
-            batch = self._take_pinned(batch, number)
-            stats.pin += perf_counter() - got
-        elif self._plan.pin:
-            batch = pin_batch(batch, self._plan.pin_memory_device)
-            stats.pin += perf_counter() - got
+        self._check_length(track.yielded)
+        if not self._plan.pin:
+            return delivery.batch
+        batch = self._pinned(delivery.batch, delivery.number)
+        track.stats.pin += perf_counter() - got
         return batch
+
+    def _next_kept(self) -> Delivery:
+        """The next batch the engine made that has samples left (with ``on_error="skip"``,
+        a batch whose every sample failed is counted and passed over)."""
+        while True:
+            delivery = self._next_batch()
+            if delivery.outcome is None:
+                return delivery
+            self._count_skips(self._track, delivery)
+            if delivery.batch is not DROPPED:
+                return delivery
+
+    def _check_length(self, yielded: int) -> None:
+        """torch's warning when a stream yields more batches than ``len(loader)`` said (only
+        a len() asked before the epoch began counts: list(loader) asks one after)."""
+        reported = self._plan.reported_length
+        if reported is None or yielded <= reported or self._length_warned:
+            return
+        self._length_warned = True
+        warnings.warn(
+            f"Length of IterableDataset {type(self._plan.dataset).__name__} was reported to "
+            f"be {reported} (when accessing len(dataloader)), but {yielded} samples "
+            f"have been fetched: this DataLoader has now yielded {yielded} batches, "
+            f"more than len(dataset) = {reported}."
+            + (
+                " For multiprocessing data-loading, this could be caused by not properly "
+                "configuring the IterableDataset replica at each worker: each of the "
+                f"{self._plan.num_workers} workers runs its own copy of the stream, so "
+                "each must read only its own share of it (see ferry.get_worker_info)."
+                if self._plan.num_workers > 0
+                else ""
+            ),
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def _pinned(self, batch: Any, number: int) -> Any:
+        """Batch ``number`` in pinned memory (``pin_memory=True``): pinned here by the inline
+        engine; the worker engine's pin thread pinned it as it arrived."""
+        return pin_batch(batch, self._plan.pin_memory_device)
 
     def _next_batch(self) -> Delivery:
         raise NotImplementedError
-
-    def _take_pinned(self, job: PinJob, number: int) -> Any:
-        """Batch ``number``, which an engine handed out as a job of its pin thread."""
-        return job.take()
 
     @staticmethod
     def _count_skips(track: EpochTrack, delivery: Delivery) -> None:

@@ -400,6 +400,11 @@ class WorkerIterator(Incidents, LoaderIterator):
             if self._fatal is None:
                 self._fail(exc)
 
+    def _pinned(self, batch: Any, number: int) -> Any:
+        if isinstance(batch, PinJob):  # pinned by the pin thread since it arrived
+            return self._take_pinned(batch, number)
+        return super()._pinned(batch, number)
+
     def _take_pinned(self, job: PinJob, number: int) -> Any:
         try:
             return job.take(self._timeout)
