@@ -12,10 +12,16 @@ kind it runs:
 
 :meth:`Channel.receive` returns the next :data:`WorkerMessage` (slab announcements are handled
 inside) or None when ``wait_for`` passed; a worker found dead raises :class:`WorkerGone`.
+
+Freed slabs go back to their worker with its next task, or are retired (closed, their memory
+returned) when the worker could not use them (see :mod:`ferry._engine.slabmaps`); once the
+iterator says no task is left to send this epoch (:meth:`Channel.no_more_tasks`), every slab
+freed from then on is retired at the next :meth:`Channel.receive`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import pickle
 import queue
@@ -34,6 +40,7 @@ from ferry._engine.messages import (
     IndexTensor,
     NewSlab,
     Ready,
+    Retire,
     Stack,
 )
 
@@ -65,10 +72,25 @@ class Channel(ABC):
 
     def send_task(self, worker: WorkerHandle, task: int, key: Any) -> None:
         """Ask ``worker`` to make batch ``task`` from ``key``; WorkerGone if it is gone."""
+        slabs = worker.slabs
+        slabs.sent()
+        freed = slabs.take_freed()
         try:
-            worker.send(Fetch(task, self._pack(key), worker.slabs.take_freed()))
+            if retired := slabs.take_retired():
+                worker.send(Retire(retired))
+            worker.send(Fetch(task, self._pack(key), freed))
         except OSError:
             raise WorkerGone(worker) from None
+
+    def no_more_tasks(self) -> None:
+        """The epoch has no task left to send: the slabs freed from now on are retired, not
+        kept for tasks that will not come (until a task is sent again: the next epoch)."""
+        return  # (thread workers have no slabs)
+
+    def held_bytes(self) -> int:
+        """Bytes of shared memory the workers' batches hold in this process now (slabs mapped:
+        kept for reuse, or under batches in flight or held by the user)."""
+        return 0
 
     @abstractmethod
     def _pack(self, key: Any) -> Any: ...
@@ -103,6 +125,25 @@ class ProcessChannel(Channel):
         self._poller = select.poll() if hasattr(select, "poll") else None
         for worker in self.workers:
             self._watch(worker)
+        self._group = group
+
+    def no_more_tasks(self) -> None:
+        for worker in self.workers:
+            worker.slabs.draining = True
+        self._retire_freed()
+
+    def _retire_freed(self) -> None:
+        for worker in self.workers:
+            if not worker.slabs.draining:
+                continue
+            worker.slabs.drain()
+            if retired := worker.slabs.take_retired():
+                with contextlib.suppress(OSError, ValueError):  # gone: nothing to close there
+                    worker.send(Retire(retired))
+
+    def held_bytes(self) -> int:
+        handles = [*self._group.workers, *self._group.replaced]
+        return sum(worker.slabs.held_bytes() for worker in handles)
 
     def _watch(self, worker: WorkerHandle) -> None:
         assert worker.conn is not None
@@ -135,6 +176,7 @@ class ProcessChannel(Channel):
     def receive(
         self, wait_for: float, in_flight: Sequence[int]
     ) -> tuple[int, WorkerMessage] | None:
+        self._retire_freed()
         ready = self._ready(wait_for)
         for fd in ready:
             worker = self._pipes.get(fd)
@@ -171,6 +213,8 @@ class ProcessChannel(Channel):
         except (EOFError, OSError):
             raise WorkerGone(worker) from None
         assert isinstance(message, (Ready, Done, Exhausted, Failed, Stack)), message
+        if isinstance(message, (Done, Exhausted, Failed)):
+            slabs.answered()
         return message
 
     def batch(self, worker_id: int, done: Done) -> Any:

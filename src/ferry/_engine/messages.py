@@ -7,6 +7,8 @@ main -> worker
     :class:`Fetch`  make batch ``task`` from ``key``; ``freed`` lists this worker's slabs the
                     main process no longer uses, so the worker may write them again.
     :class:`Resume` a new epoch begins (persistent workers): reopen the iterable stream.
+    :class:`Retire` close these slabs (freed, and not to be given back): their memory goes
+                    back to the system. Handled by the reader thread, at once.
     :class:`Stop`   finish: exit after the current task.
     :class:`StackRequest` the loader is stalled: say what you are doing (answered by the
                     process worker's reader thread, while its main thread is stuck).
@@ -43,6 +45,7 @@ __all__ = [
     "NewSlab",
     "Ready",
     "Resume",
+    "Retire",
     "Stack",
     "StackRequest",
     "Stop",
@@ -85,6 +88,11 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class Retire:
+    slabs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Stop:
     pass
 
@@ -117,6 +125,11 @@ class NewSlab:
     slab_id: int
     size: int
     name: str | None = None
+    # False: the slab carries one batch; the worker has let go of it, and the main process
+    # unmaps it when that batch is dropped (see shm.REUSE_LIMIT).
+    reuse: bool = True
+    # Idle slabs the worker closed as it made this one (too small for its batches now).
+    replaces: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,9 @@ then pickled by :func:`encode_batch`, which replaces every tensor by a reference
 sends a ``NewSlab`` message, followed by the file's descriptor (``SCM_RIGHTS``) when it has no
 name.
 
-In the main process, :class:`SlabMaps` maps each slab once and :meth:`SlabMaps.decode` turns the
-references back into tensors over the mapping. A slab is lent out with the batch and is free
-again once every tensor of that batch made from it is gone (a weak reference to the
-``memoryview`` each tensor was made from, as in :mod:`ferry._engine.alloc`); the main process
-then lists it in the ``freed`` field of its next message to that worker.
+In the main process, :class:`~ferry._engine.slabmaps.SlabMaps` maps each slab once, turns
+references back into tensors, and decides which freed slabs the worker gets back and which it
+closes (``Retire``, handled by :meth:`SlabAllocator.retire` in the worker's reader thread).
 """
 
 from __future__ import annotations
@@ -29,9 +27,6 @@ import math
 import os
 import pickle
 import threading
-import weakref
-from collections.abc import Callable, Iterator
-from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -42,9 +37,8 @@ from ferry._engine.slabfile import (
     descriptor_limit,
     is_descriptor_limit,
     map_file,
-    open_named,
-    recv_fd,
 )
+from ferry._engine.slabmaps import RECENT_BATCHES, SlabMaps, extent_bytes
 
 __all__ = ["SLABS_SUPPORTED", "Slab", "SlabAllocator", "SlabMaps", "encode_batch"]
 
@@ -52,6 +46,11 @@ SLABS_SUPPORTED = hasattr(os, "memfd_create")
 
 _ALIGN = 64
 _MIN_SLAB = 1 << 20
+# Slabs up to this size are kept for reuse (no new mapping, no page faults for the next batch);
+# larger ones carry one batch, as torch's shared memory does: the worker lets go of a slab once
+# it is sent and the main process unmaps it when the batch is dropped, so no memory waits for a
+# later batch (see docs/design/transport.md, "Memory").
+REUSE_LIMIT = 64 << 20
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -74,9 +73,9 @@ class Slab:
             available = available_memory()
             if available is not None and size > available:
                 raise OSError(f"{size} bytes asked, {available} available")
+            # Committed now (not as collate writes it): running out shows up here, not as a
+            # SIGBUS in the middle of collate. Slabs are reused, so this is paid once per slab.
             os.ftruncate(fd, size)
-            # Commit the memory now: otherwise running out shows up later as a SIGBUS in the
-            # middle of collate. Slabs are reused, so this is paid once per slab.
             if hasattr(os, "posix_fallocate"):
                 os.posix_fallocate(fd, 0, size)
             self.map = map_file(fd, size)
@@ -92,6 +91,8 @@ class Slab:
         self.used = 0
         self.lent = False  # in the main process's hands until it says otherwise
         self.announced = False
+        self.reuse = size <= REUSE_LIMIT  # else it carries one batch (see REUSE_LIMIT)
+        self.replaces: tuple[int, ...] = ()  # idle slabs closed when this one was made
 
     def shared(self) -> None:
         """The main process has the slab: this process keeps only the mapping."""
@@ -105,10 +106,14 @@ class Slab:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.name)
 
-    def close(self) -> None:
-        """Drop this process's hold on the slab (the mapping goes with its last view)."""
+    def close(self, unlink: bool = True) -> None:
+        """Drop this process's hold on the slab (the mapping goes with its last view); a name
+        is left for the main process to open when ``unlink`` is false."""
         del self.whole, self.map
-        self._release_file()
+        if unlink:
+            self._release_file()
+        else:
+            self.shared()
 
 
 def available_memory() -> int | None:
@@ -139,8 +144,10 @@ def _out_of_shared_memory(size: int) -> OSError:
 class SlabAllocator:
     """Worker-side collate allocator: carves batch tensors out of this worker's slabs.
 
-    A batch may span several slabs. New slabs are sized to the largest batch seen so far, so in
-    steady state each batch fits in one slab and no slab is created.
+    A batch may span several slabs. New slabs are sized to the largest of the worker's recent
+    batches, so in steady state each batch fits in one slab and no slab is created. The main
+    process says which slabs are free again (:meth:`begin`) and which to close
+    (:meth:`retire`, called from the worker's reader thread: hence the lock).
     """
 
     min_bytes = 0  # everything a worker's batch holds goes to shared memory
@@ -150,21 +157,32 @@ class SlabAllocator:
         self._owner_pid = owner_pid
         self._named = named
         self.slabs: dict[int, Slab] = {}
+        self._lock = threading.Lock()
         self._current: Slab | None = None
         self._in_batch: list[Slab] = []
         self._batch_bytes = 0
-        self._largest_batch = 0
+        self._recent: collections.deque[int] = collections.deque(maxlen=RECENT_BATCHES)
         self._next_id = 0
 
     def begin(self, freed: tuple[int, ...]) -> None:
         """Start a batch; ``freed`` are slabs the main process has let go of."""
-        for slab_id in freed:
-            slab = self.slabs.get(slab_id)
-            if slab is not None:
-                slab.lent = False
+        with self._lock:
+            for slab_id in freed:
+                slab = self.slabs.get(slab_id)
+                if slab is not None:
+                    slab.lent = False
         self._current = None
         self._in_batch = []
         self._batch_bytes = 0
+
+    def retire(self, slab_ids: tuple[int, ...]) -> None:
+        """Close slabs the main process will not give back (it has unmapped them): their
+        memory goes back to the system. Lent slabs only, so never one a batch is using."""
+        with self._lock:
+            for slab_id in slab_ids:
+                slab = self.slabs.pop(slab_id, None)
+                if slab is not None:
+                    slab.close()
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         nbytes = math.prod(shape) * dtype.itemsize
@@ -179,15 +197,23 @@ class SlabAllocator:
         return slab.whole[start : start + nbytes].view(dtype).view(shape)
 
     def _take(self, nbytes: int) -> Slab:
-        want = max(nbytes, self._largest_batch)
-        idle = [s for s in self.slabs.values() if not s.lent and s not in self._in_batch]
-        fitting = [s for s in idle if s.size >= want] or [s for s in idle if s.size >= nbytes]
+        want = max(nbytes, max(self._recent, default=0))
+        with self._lock:
+            idle = [s for s in self.slabs.values() if not s.lent and s not in self._in_batch]
+        fitting = [s for s in idle if s.size >= want]
         if fitting:
             slab = min(fitting, key=lambda s: s.size)
         else:
             slab = self._new_slab(max(_round_up(want, _MIN_SLAB), _MIN_SLAB))
             self._next_id += 1
-            self.slabs[slab.id] = slab
+            # Idle slabs too small for this worker's batches now are closed; the new slab's
+            # announcement tells the main process, which unmaps them too.
+            slab.replaces = tuple(s.id for s in idle)
+            with self._lock:
+                for stale in idle:
+                    del self.slabs[stale.id]
+                    stale.close()
+                self.slabs[slab.id] = slab
         slab.used = 0
         self._in_batch.append(slab)
         self._current = slab
@@ -199,13 +225,27 @@ class SlabAllocator:
         except OSError as exc:
             if not is_descriptor_limit(exc):
                 raise
-            lent = sum(slab.lent for slab in self.slabs.values())
+            with self._lock:
+                count, lent = len(self.slabs), sum(slab.lent for slab in self.slabs.values())
             raise descriptor_limit(
                 "a DataLoader worker process",
                 "creating a shared-memory slab for a batch",
-                f"The worker has {len(self.slabs)} slabs, {lent} of them held by the main "
+                f"The worker has {count} slabs, {lent} of them held by the main "
                 "process (batches in flight or kept by the training loop).",
             ) from exc
+
+    def announcement(self, slab: Slab) -> NewSlab:
+        """The message that tells the main process about ``slab``."""
+        return NewSlab(slab.id, slab.size, slab.name, slab.reuse, slab.replaces)
+
+    def handed_off(self, used: list[Slab]) -> None:
+        """The batch in ``used`` was sent: slabs that carry one batch are let go of here (the
+        main process unmaps them when the batch is dropped)."""
+        with self._lock:
+            for slab in used:
+                if not slab.reuse:
+                    del self.slabs[slab.id]
+                    slab.close(unlink=False)
 
     def locate(self, tensor: torch.Tensor) -> tuple[Slab, int] | None:
         """The slab holding ``tensor``'s bytes and their offset in it, if any."""
@@ -217,7 +257,7 @@ class SlabAllocator:
 
     def finish(self) -> list[Slab]:
         """End the batch: its slabs are now lent to the main process."""
-        self._largest_batch = max(self._largest_batch, self._batch_bytes)
+        self._recent.append(self._batch_bytes)
         used = self._in_batch
         for slab in used:
             slab.lent = True
@@ -231,9 +271,10 @@ class SlabAllocator:
         self._in_batch = []
 
     def close(self) -> None:
-        for slab in self.slabs.values():
-            slab.close()
-        self.slabs.clear()
+        with self._lock:
+            for slab in self.slabs.values():
+                slab.close()
+            self.slabs.clear()
 
 
 def _shareable(tensor: torch.Tensor) -> bool:
@@ -245,14 +286,6 @@ def _shareable(tensor: torch.Tensor) -> bool:
         and not tensor.is_nested
         and not tensor.is_quantized
     )
-
-
-def _extent_bytes(shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int) -> int:
-    """Bytes from a strided tensor's first element to just past its last."""
-    if math.prod(shape) == 0:
-        return 0
-    span = sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
-    return (span + 1) * itemsize
 
 
 class _BatchPickler(pickle.Pickler):
@@ -294,7 +327,7 @@ class _BatchPickler(pickle.Pickler):
         """A copy of ``tensor`` in a slab, with the same strides when they cover its bytes
         densely (a transposed or channels-last tensor stays so); contiguous otherwise."""
         shape, stride = tuple(tensor.shape), tuple(tensor.stride())
-        dense = _extent_bytes(shape, stride, tensor.element_size()) == tensor.nbytes
+        dense = extent_bytes(shape, stride, tensor.element_size()) == tensor.nbytes
         if dense:
             flat = self._allocator.empty((tensor.numel(),), tensor.dtype)
             copy = flat.as_strided(shape, stride)
@@ -314,115 +347,3 @@ def encode_batch(batch: Any, allocator: SlabAllocator) -> tuple[bytes, list[Slab
         allocator.abandon()
         raise
     return buffer.getvalue(), allocator.finish()
-
-
-class _Lease:
-    """One batch's use of one slab: free again when its last tensor is gone."""
-
-    __slots__ = ("count", "done", "key")
-
-    def __init__(self, key: int, done: Callable[[int], None]) -> None:
-        self.key = key
-        self.count = 0
-        self.done = done
-
-    def release(self) -> None:
-        self.count -= 1
-        if self.count == 0:
-            self.done(self.key)
-
-
-class SlabMaps:
-    """Main-side view of one worker's slabs (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self._maps: dict[int, Any] = {}
-        self._freed: collections.deque[int] = collections.deque()
-        self._lock = threading.Lock()
-        # A slab announced whose descriptor has not been read yet.
-        self.awaiting: NewSlab | None = None
-
-    def announced(self, slab: NewSlab, worker_id: int) -> None:
-        """Map the slab ``slab`` announces by its name; a slab without a name waits for the
-        descriptor that follows the announcement on the connection (:meth:`take_descriptor`).
-        Holds no descriptor afterwards."""
-        if slab.name is None:
-            self.awaiting = slab
-            return
-        with self._limit_reached(worker_id):
-            self._maps[slab.slab_id] = open_named(slab.name, slab.size)
-
-    def take_descriptor(self, conn: Connection, worker_id: int) -> None:
-        """Receive the descriptor of the slab announced last and map it; call only when it is
-        there to read (a stopped worker may not have sent it yet: the caller must not block)."""
-        slab, self.awaiting = self.awaiting, None
-        assert slab is not None
-        with self._limit_reached(worker_id):
-            fd = recv_fd(conn)
-        try:
-            self._maps[slab.slab_id] = map_file(fd, slab.size)
-        finally:
-            os.close(fd)
-
-    @contextlib.contextmanager
-    def _limit_reached(self, worker_id: int) -> Iterator[None]:
-        try:
-            yield
-        except OSError as exc:
-            if not is_descriptor_limit(exc):
-                raise
-            raise descriptor_limit(
-                "the main process",
-                f"receiving a shared-memory slab from worker {worker_id}",
-                f"It has {len(self._maps)} slabs of that worker mapped.",
-            ) from exc
-
-    def take_freed(self) -> tuple[int, ...]:
-        """Slabs whose batches are gone since the last call."""
-        with self._lock:
-            freed = tuple(self._freed)
-            self._freed.clear()
-        return freed
-
-    def _release(self, slab_id: int) -> None:
-        with self._lock:
-            self._freed.append(slab_id)
-
-    def release(self, slab_ids: tuple[int, ...]) -> None:
-        """Give back slabs of a batch that is dropped without being read."""
-        with self._lock:
-            self._freed.extend(slab_ids)
-
-    def decode(self, payload: bytes, slabs: tuple[int, ...]) -> Any:
-        leases = {slab_id: _Lease(slab_id, self._release) for slab_id in slabs}
-        maps = self._maps
-        loaded: dict[Any, torch.Tensor] = {}
-
-        def load(pid: Any) -> torch.Tensor:
-            # The same reference twice is the same tensor object twice, as it was pickled.
-            tensor = loaded.get(pid)
-            if tensor is None:
-                tensor = loaded[pid] = load_new(pid)
-            return tensor
-
-        def load_new(pid: Any) -> torch.Tensor:
-            _, slab_id, offset, dtype, shape, stride = pid
-            nbytes = _extent_bytes(shape, stride, dtype.itemsize)
-            view = memoryview(maps[slab_id])[offset : offset + nbytes]
-            lease = leases[slab_id]
-            lease.count += 1
-            weakref.finalize(view, lease.release)
-            flat = torch.frombuffer(view, dtype=torch.uint8).view(dtype)
-            return flat.as_strided(shape, stride)
-
-        unpickler = pickle.Unpickler(io.BytesIO(payload))
-        unpickler.persistent_load = load  # type: ignore[method-assign]
-        batch = unpickler.load()
-        for lease in leases.values():
-            if lease.count == 0:  # e.g. a slab holding only tensors that were dropped
-                self._release(lease.key)
-        return batch
-
-    def close(self) -> None:
-        # Each mapping goes when the last tensor over it does (the user may still hold some).
-        self._maps.clear()

@@ -43,6 +43,7 @@ from ferry._engine.messages import (
     NewSlab,
     Ready,
     Resume,
+    Retire,
     Stack,
     StackRequest,
     Stop,
@@ -248,6 +249,7 @@ def run_worker_loop(
                 continue
             encoding = perf_counter()
             payload, used = encode_batch(batch, slabs)
+            batch = None  # (its tensors would keep the slabs mapped here once retired)
             nbytes = len(payload) + sum(slab.used for slab in used)
             timing = (fetcher.fetch_s, fetcher.collate_s, perf_counter() - encoding, nbytes)
         except BatchDropped:  # on_error="skip" dropped every sample: report them, and the position
@@ -272,13 +274,14 @@ def run_worker_loop(
         for slab in used:
             if not slab.announced:
                 assert announce is not None
-                announce(NewSlab(slab.id, slab.size, slab.name), slab.fd)
+                announce(slabs.announcement(slab), slab.fd)
                 slab.shared()
                 slab.announced = True
         used_ids = tuple(s.id for s in used)
         held = memory.after_batch() if memory is not None else -1
         cpu = fetcher.cpu_s
         send(Done(message.task, payload, used_ids, report, timing, outcome, cpu=cpu, memory=held))
+        slabs.handed_off(used)
 
 
 def _watch_parent(
@@ -289,6 +292,7 @@ def _watch_parent(
     *,
     main_pid: int,
     answer_stack: Callable[[], None],
+    retire: Callable[[tuple[int, ...]], None],
 ) -> None:
     """Reader thread of a process worker: drain the connection, and end the worker at once if
     the main process is gone (its end of the connection closed, or the worker was re-parented:
@@ -301,6 +305,9 @@ def _watch_parent(
                 message = pickle.loads(conn.recv_bytes())
                 if isinstance(message, StackRequest):
                     answer_stack()
+                    continue
+                if isinstance(message, Retire):  # at once, also while a batch is being made
+                    retire(message.slabs)
                     continue
                 if isinstance(message, Stop):
                     stopping.set()
@@ -348,15 +355,19 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
     def answer_stack() -> None:
         send(activity.stack(config.worker_id, main_thread))
 
+    slabs = SlabAllocator(config.parent_pid, config.named_slabs) if SLABS_SUPPORTED else None
     reader = threading.Thread(
         target=_watch_parent,
         args=(conn, inbox, os.getppid(), stopping),
-        kwargs={"main_pid": config.parent_pid, "answer_stack": answer_stack},
+        kwargs={
+            "main_pid": config.parent_pid,
+            "answer_stack": answer_stack,
+            "retire": slabs.retire if slabs is not None else lambda slab_ids: None,
+        },
         name=f"ferry-worker-{config.worker_id}-reader",
         daemon=True,
     )
     reader.start()
-    slabs = SlabAllocator(config.parent_pid, config.named_slabs) if SLABS_SUPPORTED else None
 
     try:
         run_worker_loop(

@@ -1,0 +1,171 @@
+"""Memory of a loader whose batches are large, ferry beside torch (issue 22, item 2).
+
+The scenario: batches of 1 GiB (8 samples of 32x1024x1024 float32, ``batch_size=8``; smaller
+with ``--sample-mib``), two process workers, a training loop that reads every batch
+(``batch.sum()``) and keeps it until the next one arrives (``for batch in loader``). Each run
+is a fresh interpreter; while it runs this script samples, about every 20 ms:
+
+* the proportional set size (PSS) of the whole process tree (the loop's process and its
+  workers), from ``/proc/<pid>/smaps_rollup``: every page counted once, shared ones split
+  between the processes that map them;
+* the resident set (RSS) of the main process;
+* ``Shmem`` of ``/proc/meminfo`` above what it was when the run began: shared memory that
+  exists, mapped or not (system-wide, so another program's shared memory would show too).
+
+The peak of each, over the run, is kept; the table shows the median over ``--rounds`` rounds
+(ferry and torch alternate within a round).
+
+    .venv/bin/python scripts/memory_large_batches.py --rounds 3
+    .venv/bin/python scripts/memory_large_batches.py --batches 12 --epochs 2 --persistent
+    .venv/bin/python scripts/memory_large_batches.py --batches 40 --sample-mib 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+_RUN = """
+import sys, torch
+impl, batches, workers, epochs, persistent, mib = sys.argv[1], *map(int, sys.argv[2:7])
+if impl == "ferry":
+    from ferry import DataLoader
+else:
+    from torch.utils.data import DataLoader
+
+class Big:
+    def __len__(self):
+        return batches * 8
+
+    def __getitem__(self, index):
+        return torch.full((mib // 4, 1024, 1024), float(index))
+
+loader = DataLoader(Big(), batch_size=8, num_workers=workers,
+                    persistent_workers=bool(persistent))
+seen = 0
+for _ in range(epochs):
+    for batch in loader:
+        seen += 1
+        float(batch.sum())
+held = -1
+if impl == "ferry" and persistent:
+    # Shared memory the loader still maps between epochs (what the stats line reads).
+    held = loader._iterator._channel.held_bytes() >> 20
+print("batches", seen, "shared MiB held after the last epoch", held, flush=True)
+"""
+
+_MIB = 1 << 20
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as file:
+                found.extend(int(child) for child in file.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def _tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        todo.extend(_children(current))
+    return pids
+
+
+def _rollup(pid: int, field: str) -> int:
+    """``field`` of ``/proc/<pid>/smaps_rollup`` in bytes (0 if the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as file:
+            for line in file:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _shmem() -> int:
+    with open("/proc/meminfo", encoding="ascii") as file:
+        for line in file:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def measure(impl: str, args: argparse.Namespace) -> dict[str, float]:
+    """Peak figures (MiB) of one run, and its wall seconds."""
+    shm_base = _shmem()
+    started = time.perf_counter()
+    argv = [impl, args.batches, args.workers, args.epochs, int(args.persistent), args.sample_mib]
+    child = subprocess.Popen(
+        [sys.executable, "-c", _RUN, *map(str, argv)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    peak_pss = peak_rss = peak_shm = 0
+    while child.poll() is None:
+        pss = sum(_rollup(pid, "Pss") for pid in _tree(child.pid))
+        peak_pss = max(peak_pss, pss)
+        peak_rss = max(peak_rss, _rollup(child.pid, "Rss"))
+        peak_shm = max(peak_shm, _shmem() - shm_base)
+        time.sleep(args.interval)
+    out, _ = child.communicate(timeout=60)
+    if child.returncode != 0:
+        raise SystemExit(f"{impl} run failed with exit status {child.returncode}")
+    print(f"  {impl}: {out.strip()}", file=sys.stderr)
+    return {
+        "pss": peak_pss / _MIB,
+        "rss": peak_rss / _MIB,
+        "shm": peak_shm / _MIB,
+        "wall": time.perf_counter() - started,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=3, help="batches per epoch")
+    parser.add_argument(
+        "--sample-mib", type=int, default=128, help="MiB per sample, a multiple of 4 (8 a batch)"
+    )
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--persistent", action="store_true", help="persistent_workers=True")
+    parser.add_argument("--interval", type=float, default=0.02, help="seconds between samples")
+    parser.add_argument("--impl", nargs="+", default=["ferry", "torch"])
+    args = parser.parse_args()
+    results: dict[str, list[dict[str, float]]] = {impl: [] for impl in args.impl}
+    for round_number in range(args.rounds):
+        print(f"round {round_number + 1}/{args.rounds}", file=sys.stderr)
+        for impl in args.impl:
+            results[impl].append(measure(impl, args))
+    print(
+        f"{args.batches} batches of {8 * args.sample_mib} MiB x {args.epochs} epoch(s), "
+        f"{args.workers} process "
+        f"workers{', persistent' if args.persistent else ''}; median of {args.rounds} runs, MiB"
+    )
+    header = f"{'loader':<8}{'peak PSS (tree)':>17}{'peak RSS (main)':>17}{'peak Shmem':>12}"
+    print(header + f"{'wall s':>8}   runs (PSS)")
+    for impl, runs in results.items():
+        pss, rss, shm, wall = (
+            statistics.median(run[key] for run in runs) for key in ("pss", "rss", "shm", "wall")
+        )
+        each = ", ".join(f"{run['pss']:.0f}" for run in runs)
+        print(f"{impl:<8}{pss:>17.0f}{rss:>17.0f}{shm:>12.0f}{wall:>8.1f}   {each}")
+
+
+if __name__ == "__main__":
+    main()

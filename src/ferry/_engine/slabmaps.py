@@ -1,0 +1,286 @@
+"""Main-process side of a worker's shared-memory slabs: mapped once, lent with batches, given
+back or retired.
+
+:class:`SlabMaps` maps each slab a worker announces (by name, or by the descriptor that follows
+the announcement) and keeps the mapping, so a slab the worker writes again costs no new mapping
+and no page faults here. :meth:`SlabMaps.decode` turns a batch's slab references back into
+tensors over the mapping, without a copy. A slab is *lent* with its batch and *freed* once every
+tensor of that batch made from it is gone (a weak reference to the ``memoryview`` each tensor
+was made from, as in :mod:`ferry._engine.alloc`).
+
+A slab larger than ``shm.REUSE_LIMIT`` carries one batch (``NewSlab.reuse`` is false): the
+worker let go of it once the batch was sent, and it is unmapped here as soon as the batch is
+dropped, in whichever thread drops it, so its memory goes back at once, as torch's does.
+
+A freed slab that can be reused goes one of two ways, decided here, where everything about the
+worker's slabs is known (the worker keeps every slab until it is told):
+
+* **given back** in the next task sent to the worker (``Fetch.freed``), to be written again;
+* **retired** (``Retire``): this process drops its mapping at once and the worker closes the
+  slab, so its memory goes back to the system as soon as the worker has read the message (its
+  reader thread does, also while a batch is being made).
+
+The worker is given back at most what its tasks can use: its slabs that are neither lent nor
+waiting here, plus those given back, stay within the most tasks it has held at once (the
+prefetch depth) times the slabs a batch takes. Slabs too small for the worker's recent batches
+(sizes grew) are retired, and so are all freed slabs once the epoch has no task left to send
+(:meth:`SlabMaps.drain`): a worker with nothing more to make keeps nothing it was lent.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import math
+import os
+import pickle
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from ferry._engine.messages import NewSlab
+from ferry._engine.slabfile import (
+    descriptor_limit,
+    is_descriptor_limit,
+    map_file,
+    open_named,
+    recv_fd,
+)
+
+__all__ = ["RECENT_BATCHES", "SlabMaps", "extent_bytes"]
+
+# How many of a worker's latest batches size its slabs (here and in the worker's allocator).
+RECENT_BATCHES = 8
+
+
+def extent_bytes(shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int) -> int:
+    """Bytes from a strided tensor's first element to just past its last."""
+    if math.prod(shape) == 0:
+        return 0
+    span = sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+    return (span + 1) * itemsize
+
+
+class _Lease:
+    """One batch's use of one slab: free again when its last tensor is gone."""
+
+    __slots__ = ("count", "done", "key")
+
+    def __init__(self, key: int, done: Callable[[int], None]) -> None:
+        self.key = key
+        self.count = 0
+        self.done = done
+
+    def release(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self.done(self.key)
+
+
+class SlabMaps:
+    """Main-side view of one worker's slabs (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, Any] = {}
+        self._sizes: dict[int, int] = {}
+        # Freed since they were last given back; lent (with a batch not freed yet). Leases are
+        # released in whichever thread drops a batch's last tensor, also from a garbage
+        # collection inside this class's own code: hence a lock this thread may take again.
+        self._freed: list[int] = []
+        self._lent: set[int] = set()
+        self._once: set[int] = set()  # slabs that carry one batch (NewSlab.reuse is false)
+        self._lock = threading.RLock()
+        self._retired: list[int] = []  # decided, not told to the worker yet
+        # No task is left to send to the worker (until it is given slabs back again: the next
+        # epoch's Resume, or a task resent): freed slabs are retired (:meth:`drain`).
+        self.draining = False
+        self._held = 0  # bytes mapped here now, user-held batches of retired slabs included
+        # Tasks the worker holds (sent, not answered), the most it has held at once, the slabs
+        # its latest batch took, and the bytes of its latest batches.
+        self.tasks = 0
+        self._peak = 0
+        self._per_batch = 1
+        self._recent: collections.deque[int] = collections.deque(maxlen=RECENT_BATCHES)
+        # A slab announced whose descriptor has not been read yet.
+        self.awaiting: NewSlab | None = None
+
+    # -- mapping -------------------------------------------------------------------------------
+
+    def announced(self, slab: NewSlab, worker_id: int) -> None:
+        """Map the slab ``slab`` announces by its name; a slab without a name waits for the
+        descriptor that follows the announcement on the connection (:meth:`take_descriptor`).
+        Holds no descriptor afterwards. The slabs it replaces are unmapped."""
+        if slab.replaces:
+            with self._lock:
+                for slab_id in slab.replaces:
+                    self._maps.pop(slab_id, None)
+                    self._sizes.pop(slab_id, None)
+        if slab.name is None:
+            self.awaiting = slab
+            return
+        with self._limit_reached(worker_id):
+            self._keep(slab, open_named(slab.name, slab.size))
+
+    def take_descriptor(self, conn: Connection, worker_id: int) -> None:
+        """Receive the descriptor of the slab announced last and map it; call only when it is
+        there to read (a stopped worker may not have sent it yet: the caller must not block)."""
+        slab, self.awaiting = self.awaiting, None
+        assert slab is not None
+        with self._limit_reached(worker_id):
+            fd = recv_fd(conn)
+        try:
+            self._keep(slab, map_file(fd, slab.size))
+        finally:
+            os.close(fd)
+
+    def _keep(self, slab: NewSlab, mapping: Any) -> None:
+        with self._lock:
+            self._maps[slab.slab_id] = mapping
+            self._sizes[slab.slab_id] = slab.size
+            if not slab.reuse:
+                self._once.add(slab.slab_id)
+            self._held += slab.size
+        weakref.finalize(mapping, self._unmapped, slab.size)
+
+    def _unmapped(self, size: int) -> None:
+        with self._lock:
+            self._held -= size
+
+    def held_bytes(self) -> int:
+        """Bytes of this worker's shared memory mapped in this process now: slabs kept for
+        reuse, and retired ones still under batches the user holds."""
+        return self._held
+
+    @contextlib.contextmanager
+    def _limit_reached(self, worker_id: int) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            if not is_descriptor_limit(exc):
+                raise
+            raise descriptor_limit(
+                "the main process",
+                f"receiving a shared-memory slab from worker {worker_id}",
+                f"It has {len(self._maps)} slabs of that worker mapped.",
+            ) from exc
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    def sent(self) -> None:
+        """A task went to the worker."""
+        self.tasks += 1
+        self._peak = max(self._peak, self.tasks)
+
+    def answered(self) -> None:
+        """The worker answered a task (a batch, an error, the end of its stream)."""
+        self.tasks = max(0, self.tasks - 1)
+
+    # -- freed slabs: given back or retired ----------------------------------------------------
+
+    def take_freed(self) -> tuple[int, ...]:
+        """Freed slabs to give back to the worker with its next task or epoch; those it cannot
+        use are retired instead (:meth:`take_retired`)."""
+        self.draining = False
+        with self._lock:
+            if not self._freed:
+                return ()
+            freed, self._freed = self._freed, []
+            lent = len(self._lent)
+        need = max(self._recent, default=0)
+        usable = sorted((s for s in freed if self._sizes[s] >= need), key=self._sizes.__getitem__)
+        # The worker's own: neither lent nor freed here (idle, or under a task in progress).
+        own = len(self._maps) - len(self._once) - lent - len(freed)
+        room = max(0, max(self._peak, 1) * self._per_batch - own)
+        given = usable[:room]
+        self._retire([s for s in freed if s not in given])
+        return tuple(given)
+
+    def drain(self) -> None:
+        """No task is left to send to this worker in this epoch: every freed slab is retired,
+        and once the worker has answered all its tasks, the slabs it was given back too."""
+        with self._lock:
+            freed, self._freed = self._freed, []
+            if self.tasks == 0:
+                kept = self._once | self._lent | set(freed)
+                freed += [slab_id for slab_id in list(self._maps) if slab_id not in kept]
+        self._retire(freed)
+
+    def take_retired(self) -> tuple[int, ...]:
+        """Slabs retired since the last call, for the worker to close (``Retire``)."""
+        retired, self._retired = tuple(self._retired), []
+        return retired
+
+    def _retire(self, slab_ids: list[int]) -> None:
+        with self._lock:
+            for slab_id in slab_ids:
+                # The mapping goes with its last reference (no tensor uses a freed slab).
+                del self._maps[slab_id], self._sizes[slab_id]
+        self._retired.extend(slab_ids)
+
+    def _release(self, slab_id: int) -> None:
+        with self._lock:
+            self._lent.discard(slab_id)
+            if slab_id in self._once:  # the worker let go of it: unmapped now
+                self._once.discard(slab_id)
+                self._maps.pop(slab_id, None)
+                self._sizes.pop(slab_id, None)
+            else:
+                self._freed.append(slab_id)
+
+    def release(self, slab_ids: tuple[int, ...]) -> None:
+        """Give back slabs of a batch that is dropped without being read."""
+        for slab_id in slab_ids:
+            self._release(slab_id)
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def decode(self, payload: bytes, slabs: tuple[int, ...]) -> Any:
+        leases = {slab_id: _Lease(slab_id, self._release) for slab_id in slabs}
+        with self._lock:
+            self._lent.update(s for s in slabs if s not in self._once)
+        if slabs:
+            self._per_batch = len(slabs)
+        maps = self._maps
+        loaded: dict[Any, torch.Tensor] = {}
+        nbytes_seen = 0
+
+        def load(pid: Any) -> torch.Tensor:
+            # The same reference twice is the same tensor object twice, as it was pickled.
+            tensor = loaded.get(pid)
+            if tensor is None:
+                tensor = loaded[pid] = load_new(pid)
+            return tensor
+
+        def load_new(pid: Any) -> torch.Tensor:
+            nonlocal nbytes_seen
+            _, slab_id, offset, dtype, shape, stride = pid
+            nbytes = extent_bytes(shape, stride, dtype.itemsize)
+            nbytes_seen += nbytes
+            view = memoryview(maps[slab_id])[offset : offset + nbytes]
+            lease = leases[slab_id]
+            lease.count += 1
+            weakref.finalize(view, lease.release)
+            flat = torch.frombuffer(view, dtype=torch.uint8).view(dtype)
+            return flat.as_strided(shape, stride)
+
+        unpickler = pickle.Unpickler(io.BytesIO(payload))
+        unpickler.persistent_load = load  # type: ignore[method-assign]
+        batch = unpickler.load()
+        if slabs:
+            self._recent.append(nbytes_seen)
+        for lease in leases.values():
+            if lease.count == 0:  # e.g. a slab holding only tensors that were dropped
+                self._release(lease.key)
+        return batch
+
+    def close(self) -> None:
+        # Each mapping goes when the last tensor over it does (the user may still hold some).
+        with self._lock:
+            self._maps.clear()
+            self._sizes.clear()
+            self._once.clear()
