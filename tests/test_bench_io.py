@@ -348,3 +348,18 @@ def test_a_loader_that_repeats_samples_fails_its_row(monkeypatch: pytest.MonkeyP
     assert row.ferry is None
     assert row.error is not None
     assert "ferry: run: ValueError: 4 indices came more than once" in row.error
+
+
+def test_a_full_run_leaves_out_the_inline_loader_on_latency_workloads() -> None:
+    from ferry.bench.runner import plan
+
+    full = Config(workloads=("io10", "tensor"), workers=(0, 2), reps=1, quick=False)
+    assert [(g.workload.name, g.workers) for g in plan(full)] == [
+        ("io10", 2),
+        ("tensor", 0),
+        ("tensor", 2),
+    ]
+    alone = Config(workloads=("io10",), workers=(0,), reps=1, quick=False)
+    assert [g.workers for g in plan(alone)] == [0]
+    quick = Config(workloads=("io10",), workers=(0, 2), reps=1, quick=True)
+    assert [g.workers for g in plan(quick)] == [0, 2]

@@ -140,6 +140,8 @@ def plan(config: Config) -> list[Group]:
     groups = []
     for name in config.workloads:
         for workers in config.workers:
+            if workers == 0 and _inline_only_waits(WORKLOADS[name], config):
+                continue
             sides: list[tuple[str, str, tuple[tuple[str, Any], ...]]] = [
                 ("torch", "torch", ()),
                 ("ferry", config.candidate, ()),
@@ -148,6 +150,13 @@ def plan(config: Config) -> list[Group]:
                 sides.append(("ferry threads", "ferry", (("worker_type", "thread"),)))
             groups.append(Group(WORKLOADS[name], workers, tuple(sides)))
     return groups
+
+
+def _inline_only_waits(workload: Workload, config: Config) -> bool:
+    """A full run with worker counts besides 0 leaves out the inline loader on an I/O-latency
+    workload: one read at a time, both loaders measure only the latency (samples x L: 51 s a
+    run at 50 ms) and tell nothing apart. ``--workers 0`` alone, or ``--quick``, runs it."""
+    return workload.latency_s is not None and not config.quick and set(config.workers) != {0}
 
 
 def _run_once(
