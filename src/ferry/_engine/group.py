@@ -7,7 +7,9 @@ is named in the error); thread workers get a queue each and share one result que
 Stopping (:meth:`WorkerGroup.shutdown`) is layered and bounded: ask every worker to stop, then
 terminate, then kill, each with a deadline, so every worker is gone within about two seconds
 whatever it is doing. It runs from the iterator's ``weakref.finalize``, so the group holds no
-reference to the iterator.
+reference to the iterator. At interpreter exit (an uncaught KeyboardInterrupt: Ctrl-C) a worker
+in the middle of a fetch is terminated as soon as it says so, since nothing will take its batch
+and the user is waiting for the prompt; idle workers still leave cleanly.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, cast
 
 from ferry._engine.aio import AsyncReads
-from ferry._engine.messages import NewSlab, Stop
+from ferry._engine.messages import NewSlab, Stack, Stop
 from ferry._engine.pin import Pinner
 from ferry._engine.plan import EpochPlan
 from ferry._engine.reads import SampleReads
@@ -147,6 +149,7 @@ class WorkerGroup:
             return
         self.closed = True
         self.stopping.set()
+        exiting = interpreter_exiting()
         if self.pinner is not None:
             self.pinner.close()
         started = [w for w in self.workers if w.pid is not None or w.thread is not None]
@@ -154,7 +157,13 @@ class WorkerGroup:
             with contextlib.suppress(OSError, ValueError):  # already gone
                 worker.send(Stop())
         processes = [w for w in started if w.process is not None]
-        leaving = self._drain_until_exit(processes, time.monotonic() + _JOIN_AFTER_STOP)
+        # Each process worker answers Stop at once, saying whether it is in a fetch. At exit
+        # such a worker is terminated then and there, as torch's are (multiprocessing's atexit
+        # terminates daemonic children): waiting out a fetch nobody will use only delays Ctrl-C.
+        # Otherwise it gets _JOIN_AFTER_STOP to end its fetch and leave.
+        leaving = self._drain_until_exit(
+            processes, time.monotonic() + _JOIN_AFTER_STOP, end_busy=exiting
+        )
         # Workers that said they are leaving are finalizing their interpreter (a spawned one
         # with torch loaded takes about half a second): let them finish rather than SIGTERM.
         finishing = [w for w in processes if w.worker_id in leaving and _alive(w)]
@@ -188,10 +197,13 @@ class WorkerGroup:
             self.reads.close(max(0.0, deadline - time.monotonic()))
 
     @staticmethod
-    def _drain_until_exit(workers: list[WorkerHandle], deadline: float) -> set[int]:
+    def _drain_until_exit(
+        workers: list[WorkerHandle], deadline: float, *, end_busy: bool = False
+    ) -> set[int]:
         """Wait for the processes to exit, reading (and dropping) what they still send, so none
         blocks on a full pipe; file descriptors of slabs that arrive are closed. Returns the
-        ids of the workers that said they are leaving (their loop ended)."""
+        ids of the workers that said they are leaving (their loop ended). ``end_busy``: a
+        worker that says it is in a fetch is terminated."""
         leaving: set[int] = set()
         sentinels = {w.process.sentinel: w for w in workers if w.process is not None}
         conns = {w.conn: w for w in workers if w.conn is not None}
@@ -218,9 +230,19 @@ class WorkerGroup:
                         slabs.awaiting = message
                     elif isinstance(message, Stop):
                         leaving.add(conns[conn].worker_id)
+                    elif end_busy and isinstance(message, Stack) and message.task is not None:
+                        process = conns[conn].process
+                        assert process is not None
+                        process.terminate()
                 except (EOFError, OSError):
                     conns.pop(conn, None)
         return leaving
+
+
+def interpreter_exiting() -> bool:
+    """Whether the interpreter is exiting (an uncaught KeyboardInterrupt, or the script's end):
+    threading marks the main thread ended before atexit runs the iterators' finalizers."""
+    return not threading.main_thread().is_alive()
 
 
 def _alive(worker: WorkerHandle) -> bool:

@@ -297,8 +297,9 @@ def _watch_parent(
     """Reader thread of a process worker: drain the connection, and end the worker at once if
     the main process is gone (its end of the connection closed, or the worker was re-parented:
     ``parent_pid`` is the parent at start-up, the main process or a forkserver). Names of
-    slab files this worker made for ``main_pid`` are removed first. A stall report's request
-    is answered here, since the worker's main thread is the one that is stuck."""
+    slab files this worker made for ``main_pid`` are removed first. A stall report's request,
+    and ``Stop``, are answered here with a :class:`Stack`, since the worker's main thread may be
+    the one that is stuck."""
     while True:
         try:
             if conn.poll(PARENT_CHECK_INTERVAL):
@@ -311,6 +312,9 @@ def _watch_parent(
                     continue
                 if isinstance(message, Stop):
                     stopping.set()
+                    # Answered at once with what the worker is doing: at interpreter exit the
+                    # main process terminates a worker in the middle of a fetch (see group.py).
+                    answer_stack()
                 inbox.put(message)
                 if isinstance(message, Stop):
                     return

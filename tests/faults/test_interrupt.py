@@ -1,0 +1,175 @@
+"""Ctrl-C while the workers are in the middle of a fetch: the process ends with Python's own
+KeyboardInterrupt as soon as torch's does, and leaves nothing behind (no worker process, no
+name in /dev/shm, no thread holding the exit up).
+
+Each case runs a training script in a process of its own session, so that SIGINT can go to the
+main process alone or to its whole process group, as a terminal's Ctrl-C does. The bound on the
+exit is loose (two seconds); the fetch the workers are in lasts a minute, so waiting it out, or
+anything close, fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ferry
+from ferry._engine import group
+from workers import datasets as ds
+from workers.support import exited
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+EXIT_WITHIN = 2.0
+"""Seconds from SIGINT to the end of the process (torch's is about a quarter of a second)."""
+
+_SCRIPT = """
+import json, multiprocessing, os, sys, time
+import torch
+import ferry
+
+workers, where, options = sys.argv[1:4]
+if "file_system" in options:
+    torch.multiprocessing.set_sharing_strategy("file_system")
+
+
+class Stalls:
+    \"\"\"Samples 0 and 1 are quick; each later one takes a minute, asleep or spinning.\"\"\"
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        if index >= 2:
+            end = time.monotonic() + (1.0 if workers == "thread" else 60.0)
+            if "spin" in options:
+                while time.monotonic() < end:
+                    pass
+            else:
+                time.sleep(end - time.monotonic())
+        return torch.full((256,), index)
+
+
+if __name__ == "__main__":
+    kwargs = {"num_workers": 0 if workers == "none" else 2}
+    if workers == "thread":
+        kwargs["worker_type"] = "thread"
+    elif workers != "none":
+        kwargs["multiprocessing_context"] = workers
+        kwargs["persistent_workers"] = "persistent" in options
+    for position, batch in enumerate(ferry.DataLoader(Stalls(), **kwargs)):
+        if position == (0 if workers == "none" else 1):
+            # The workers are in samples 2 and 3 now (a minute each); the loop waits in next().
+            pids = [child.pid for child in multiprocessing.active_children()]
+            print(json.dumps([os.getpid(), pids]), flush=True)
+            if where == "step":
+                time.sleep(60)  # Ctrl-C in the training step instead
+"""
+
+
+def shm_names(main_pid: int) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"ferry-{main_pid}-")]
+
+
+def interrupt(tmp_path: Path, workers: str, target: str, where: str, options: str) -> float:
+    """Run the script, SIGINT it once the workers are mid-fetch, check what it left; returns
+    the seconds it took to exit."""
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    process = subprocess.Popen(
+        [sys.executable, str(script), workers, where, options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    pids: list[int] = []
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line, f"the script ended early: {process.communicate(timeout=30)[1][-2000:]}"
+        main_pid, pids = json.loads(line)
+        if workers in ("fork", "spawn", "forkserver"):
+            assert len(pids) == 2, pids
+        time.sleep(0.2)  # (the fetch is under way, and next() waits)
+        sent = time.monotonic()
+        if target == "group":
+            os.killpg(process.pid, signal.SIGINT)
+        else:
+            os.kill(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        for pid in pids:
+            if not exited(pid):
+                os.kill(pid, signal.SIGKILL)
+    # Python's own exit for an uncaught KeyboardInterrupt: it ends by SIGINT, with the traceback.
+    assert process.returncode == -signal.SIGINT, err[-2000:]
+    assert err.rstrip().endswith("KeyboardInterrupt"), err[-2000:]
+    assert [p for p in pids if not exited(p)] == [], "workers outlived the main process"
+    assert shm_names(main_pid) == []
+    return took
+
+
+CASES = [
+    pytest.param("fork", "main", "next", "", id="fork-to-main"),
+    pytest.param("fork", "group", "next", "", id="fork-to-group"),
+    pytest.param("fork", "group", "next", "spin", id="fork-spinning"),
+    pytest.param("fork", "main", "next", "file_system", id="fork-file-system"),
+    pytest.param("fork", "group", "next", "persistent", id="fork-persistent"),
+    pytest.param("fork", "group", "step", "file_system", id="fork-in-the-step"),
+    pytest.param("spawn", "group", "next", "", id="spawn", marks=pytest.mark.slow),
+    pytest.param("none", "group", "next", "", id="no-workers"),
+]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("workers", "target", "where", "options"), CASES)
+def test_ctrl_c_mid_fetch(
+    tmp_path: Path, workers: str, target: str, where: str, options: str
+) -> None:
+    took = interrupt(tmp_path, workers, target, where, options)
+    assert took < EXIT_WITHIN, f"{took:.2f} s from SIGINT to exit"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("options", ["", "spin"])
+def test_ctrl_c_with_thread_workers(tmp_path: Path, options: str) -> None:
+    """A thread cannot be interrupted: the exit waits for the fetch in progress (a second here),
+    so that no worker thread is inside a torch call while the interpreter finalizes."""
+    took = interrupt(tmp_path, "thread", "group", "next", options)
+    assert took < 1.0 + EXIT_WITHIN, f"{took:.2f} s from SIGINT to exit"
+
+
+@pytest.mark.timeout(60)
+def test_at_exit_a_busy_worker_is_terminated_and_an_idle_one_leaves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mechanism, in this process: at interpreter exit a worker that answers Stop from the
+    middle of a fetch is terminated at once, however long the polite wait would be; an idle one
+    still exits cleanly."""
+    # Worker 0 gets index 0 then 2 (blocks); worker 1 gets index 1 and then has nothing to do.
+    loader: Any = ferry.DataLoader(
+        ds.Blocking(3, block_from=2), num_workers=2, multiprocessing_context="fork"
+    )
+    iterator = iter(loader)
+    assert [next(iterator).tolist(), next(iterator).tolist()] == [[0], [1]]
+    monkeypatch.setattr(group, "interpreter_exiting", lambda: True)
+    monkeypatch.setattr(group, "_JOIN_AFTER_STOP", 30.0)  # were it waited for, the test fails
+    started = time.monotonic()
+    iterator._shutdown_workers()
+    took = time.monotonic() - started
+    busy, idle = iterator._workers
+    assert (busy.exitcode, idle.exitcode) == (-signal.SIGTERM, 0)
+    assert took < EXIT_WITHIN, f"{took:.2f} s"
