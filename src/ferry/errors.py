@@ -31,6 +31,7 @@ from typing import Any
 
 __all__ = [
     "EpochReplayWarning",
+    "SharedMemoryWarning",
     "SkippedSample",
     "StallWarning",
     "TooManyErrors",
@@ -149,6 +150,12 @@ class EpochReplayWarning(UserWarning):
 class StallWarning(UserWarning):
     """No batch came for ``stall_warning`` seconds; the message says what each worker is doing
     (filter it with ``warnings.simplefilter("ignore", ferry.errors.StallWarning)``)."""
+
+
+class SharedMemoryWarning(UserWarning):
+    """Under ``set_sharing_strategy("file_system")``, ``/dev/shm`` had no room for a batch, so
+    a worker's batches travel in anonymous shared memory instead (which ``/dev/shm``'s size does
+    not limit); training goes on. The message names the size of ``/dev/shm`` and the fix."""
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ from ferry._engine.messages import (
     Retire,
     Stack,
 )
+from ferry._engine.slabfile import SHM_DIR, shm_space
+from ferry.errors import SharedMemoryWarning, warn_from_user_code
 
 __all__ = [
     "Channel",
@@ -126,6 +128,7 @@ class ProcessChannel(Channel):
         for worker in self.workers:
             self._watch(worker)
         self._group = group
+        self._warned = False  # SharedMemoryWarning, once per group of workers
 
     def no_more_tasks(self) -> None:
         for worker in self.workers:
@@ -208,6 +211,9 @@ class ProcessChannel(Channel):
                     if not isinstance(message, NewSlab):
                         break
                     slabs.announced(message, worker.worker_id)
+                    if message.fallback and not self._warned:
+                        self._warned = True
+                        _warn_fallback(message)
                 if not conn.poll(0):
                     return None
         except (EOFError, OSError):
@@ -219,6 +225,27 @@ class ProcessChannel(Channel):
 
     def batch(self, worker_id: int, done: Done) -> Any:
         return self.workers[worker_id].slabs.decode(done.payload, done.slabs)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB"
+
+
+def _warn_fallback(slab: NewSlab) -> None:
+    """Say once that a worker's batches left /dev/shm, why, and how to keep them there."""
+    total, _ = shm_space()
+    warn_from_user_code(
+        f"DataLoader: {SHM_DIR} has no room for a batch ({_mib(slab.size)} of shared memory "
+        f"asked; {SHM_DIR} is {_mib(total)}: {slab.fallback}). Under "
+        "torch.multiprocessing.set_sharing_strategy('file_system'), a worker whose batch does "
+        "not fit now sends its batches in anonymous shared memory passed by file descriptor, "
+        f"as the default strategy does, which the size of {SHM_DIR} does not limit: training "
+        f"goes on. To keep 'file_system', enlarge {SHM_DIR} (docker run --shm-size=8g, or "
+        "--ipc=host; in Kubernetes, a memory-backed emptyDir mounted on /dev/shm) or lower "
+        "batch_size, prefetch_factor or num_workers; or leave the sharing strategy at its "
+        "default ('file_descriptor').",
+        SharedMemoryWarning,
+    )
 
 
 class ThreadChannel(Channel):

@@ -16,7 +16,8 @@ main -> worker
 worker -> main
     :class:`Ready`     the worker ran its set-up (seeding, ``worker_init_fn``) and waits for tasks.
     :class:`NewSlab`   a new shared-memory slab: found by ``name``, or (no name) its file
-                       descriptor follows on the same connection.
+                       descriptor follows on the same connection; ``fallback`` says why
+                       a worker whose slabs travel by name made this one anonymous.
     :class:`Done`      batch ``task`` is ready; ``payload`` is the pickled batch whose tensors
                        refer to slabs by id (see :mod:`ferry._engine.shm`), or the batch object
                        itself for thread workers; ``report`` is the worker's position after it
@@ -125,6 +126,9 @@ class NewSlab:
     slab_id: int
     size: int
     name: str | None = None
+    # Set once, on the first anonymous slab of a worker whose named slab found no room in
+    # /dev/shm: the system's reason (the main process warns).
+    fallback: str = ""
     # False: the slab carries one batch; the worker has let go of it, and the main process
     # unmaps it when that batch is dropped (see shm.REUSE_LIMIT).
     reuse: bool = True

@@ -13,6 +13,10 @@ then pickled by :func:`encode_batch`, which replaces every tensor by a reference
 sends a ``NewSlab`` message, followed by the file's descriptor (``SCM_RIGHTS``) when it has no
 name.
 
+A worker whose named slab cannot get its memory (``/dev/shm`` is full or too small) makes its
+slabs anonymous from then on, and says so once with the next ``NewSlab`` (``fallback``), so the
+main process can warn; only when anonymous memory fails too is the batch's error raised.
+
 In the main process, :class:`~ferry._engine.slabmaps.SlabMaps` maps each slab once, turns
 references back into tensors, and decides which freed slabs the worker gets back and which it
 closes (``Retire``, handled by :meth:`SlabAllocator.retire` in the worker's reader thread).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import io
 import math
 import os
@@ -31,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ferry._engine import slabfile
 from ferry._engine.messages import NewSlab
 from ferry._engine.slabfile import (
     create_file,
@@ -75,9 +81,7 @@ class Slab:
                 raise OSError(f"{size} bytes asked, {available} available")
             # Committed now (not as collate writes it): running out shows up here, not as a
             # SIGBUS in the middle of collate. Slabs are reused, so this is paid once per slab.
-            os.ftruncate(fd, size)
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, size)
+            slabfile.reserve(fd, size, named)
             self.map = map_file(fd, size)
         except OSError as exc:
             self._release_file()
@@ -141,6 +145,15 @@ def _out_of_shared_memory(size: int) -> OSError:
     )
 
 
+def _shm_full(exc: OSError) -> str:
+    """Why a named slab failed if ``/dev/shm`` had no room for it (not the machine: no room
+    for its bytes or its file); "" otherwise."""
+    for error in (exc, exc.__cause__):
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG):
+            return os.strerror(error.errno)
+    return ""
+
+
 class SlabAllocator:
     """Worker-side collate allocator: carves batch tensors out of this worker's slabs.
 
@@ -163,6 +176,8 @@ class SlabAllocator:
         self._batch_bytes = 0
         self._recent: collections.deque[int] = collections.deque(maxlen=RECENT_BATCHES)
         self._next_id = 0
+        # Why this worker's slabs stopped travelling by name, until the main process is told.
+        self.fallback = ""
 
     def begin(self, freed: tuple[int, ...]) -> None:
         """Start a batch; ``freed`` are slabs the main process has let go of."""
@@ -221,7 +236,7 @@ class SlabAllocator:
 
     def _new_slab(self, size: int) -> Slab:
         try:
-            return Slab(self._next_id, size, self._owner_pid, self._named)
+            return self._make(size)
         except OSError as exc:
             if not is_descriptor_limit(exc):
                 raise
@@ -234,9 +249,29 @@ class SlabAllocator:
                 "process (batches in flight or kept by the training loop).",
             ) from exc
 
+    def _make(self, size: int) -> Slab:
+        """A new slab; a named one that ``/dev/shm`` has no room for is made anonymous, and so
+        are this worker's later slabs (see the module docstring)."""
+        if not self._named:
+            return Slab(self._next_id, size, self._owner_pid, named=False)
+        try:
+            return Slab(self._next_id, size, self._owner_pid, named=True)
+        except OSError as exc:
+            why = _shm_full(exc)
+            if not why:
+                raise
+        slab = Slab(self._next_id, size, self._owner_pid, named=False)
+        self._named = False
+        self.fallback = why
+        return slab
+
     def announcement(self, slab: Slab) -> NewSlab:
-        """The message that tells the main process about ``slab``."""
-        return NewSlab(slab.id, slab.size, slab.name, slab.reuse, slab.replaces)
+        """The message that tells the main process about ``slab`` (the first since this worker
+        fell back to anonymous slabs says why)."""
+        fallback = "" if slab.name is not None else self.fallback
+        if fallback:
+            self.fallback = ""
+        return NewSlab(slab.id, slab.size, slab.name, fallback, slab.reuse, slab.replaces)
 
     def handed_off(self, used: list[Slab]) -> None:
         """The batch in ``used`` was sent: slabs that carry one batch are let go of here (the

@@ -50,7 +50,9 @@ __all__ = [
     "open_named",
     "recv_fd",
     "remove_names",
+    "reserve",
     "send_fd",
+    "shm_space",
 ]
 
 SHM_DIR = "/dev/shm"
@@ -138,6 +140,27 @@ def create_file(owner_pid: int, slab_id: int, size: int, named: bool) -> tuple[i
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         return os.open(name, flags, 0o600), name
     return os.memfd_create(f"ferry-slab-{slab_id}", os.MFD_CLOEXEC), None
+
+
+def reserve(fd: int, size: int, named: bool) -> None:
+    """Give a new slab file its ``size`` and commit its memory now, so that running out is an
+    OSError here (``ENOSPC`` when ``/dev/shm`` is full, for a ``named`` file) and never a
+    SIGBUS when collate writes a page the system cannot give.
+
+    Called through the module, so a test can stand in a full ``/dev/shm`` for named files.
+    """
+    os.ftruncate(fd, size)
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, size)
+
+
+def shm_space() -> tuple[int, int]:
+    """Size and free bytes of the file system at :data:`SHM_DIR` (0, 0 if unknown)."""
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0, 0
+    return stat.f_blocks * stat.f_frsize, stat.f_bavail * stat.f_frsize
 
 
 def open_named(name: str, size: int) -> Any:
