@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from compat.strategies import TORCH_DTYPES
-from ferry._engine.alloc import BufferPool, active_allocator, batch_empty, using_allocator
+from ferry._core.alloc import BufferPool, active_allocator, batch_empty, using_allocator
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 

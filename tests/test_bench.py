@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from ferry.__main__ import main
+from ferry._cli import batch_nbytes
 from ferry.bench import cli, runner
 from ferry.bench.measure import (
     CpuSnapshot,
     batch_digest,
-    batch_nbytes,
     memcpy_batches_per_s,
     rss_bytes,
 )

@@ -4,7 +4,7 @@ Replace ``from torch.utils.data import X`` with ``from ferry import X``: every p
 ``torch.utils.data`` is here with the same signature, defaults and sample order.
 """
 
-from ferry._engine.info import WorkerInfo, get_worker_info
+from ferry._core.info import WorkerInfo, get_worker_info
 from ferry.collate import collate, default_collate, default_collate_fn_map, default_convert
 from ferry.datasets import (
     ChainDataset,

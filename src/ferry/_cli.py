@@ -1,12 +1,27 @@
 """What ferry's command-line tools (``python -m ferry bench``, ``python -m ferry doctor``)
-share: argument types and the check of an output path before a long run."""
+share: argument types, the check of an output path before a long run, the optional plotting
+dependency, and a batch's walk (its leaves, its bytes). The two tools import each other
+nothing: what both need lives here (tests/test_layers.py)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["non_negative", "positive_int", "prepare_output", "seconds"]
+import torch
+
+__all__ = [
+    "MissingExtra",
+    "batch_leaves",
+    "batch_nbytes",
+    "non_negative",
+    "positive_int",
+    "prepare_output",
+    "require_matplotlib",
+    "seconds",
+]
 
 
 def positive_int(text: str) -> int:
@@ -52,3 +67,48 @@ def prepare_output(path: Path | None, option: str) -> str | None:
     if path.is_dir():
         return f"{option}: {str(path)!r} is a directory"
     return None
+
+
+class MissingExtra(Exception):
+    """An optional dependency of a tool (``--plot``'s matplotlib) is not installed."""
+
+
+def require_matplotlib() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend, or :class:`MissingExtra`."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingExtra(
+            "--plot needs matplotlib, which is not installed: pip install matplotlib "
+            "(ferry-data's extra 'bench' has it)"
+        ) from None
+    return plt
+
+
+def batch_leaves(batch: Any) -> Iterator[Any]:
+    """A batch's leaves in order, with the keys of its mappings and the type names of its
+    sequences (two batches of another structure walk differently)."""
+    if isinstance(batch, Mapping):
+        for key in batch:
+            yield key
+            yield from batch_leaves(batch[key])
+    elif isinstance(batch, (list, tuple)):
+        yield type(batch).__name__
+        for item in batch:
+            yield from batch_leaves(item)
+    else:
+        yield batch
+
+
+def batch_nbytes(batch: Any) -> int:
+    """Bytes held by the tensors (and arrays) of a batch; strings and numbers count nothing."""
+    total = 0
+    for leaf in batch_leaves(batch):
+        if isinstance(leaf, torch.Tensor):
+            total += leaf.numel() * leaf.element_size()
+        elif hasattr(leaf, "nbytes") and hasattr(leaf, "dtype"):
+            total += int(leaf.nbytes)
+    return total

@@ -16,7 +16,7 @@ from typing import Any, NoReturn, cast
 
 import torch
 
-from ferry._engine.rng import generator_from_state, generator_state, set_generator_state
+from ferry._core.rng import generator_from_state, generator_state, set_generator_state
 
 __all__ = ["SamplerRun", "skip_chunks"]
 

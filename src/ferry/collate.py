@@ -24,7 +24,7 @@ from typing import Any, overload
 
 import torch
 
-from ferry._engine.alloc import active_allocator, batch_empty
+from ferry._core.alloc import active_allocator, batch_empty
 from ferry._structure import is_namedtuple, map_structure, rebuild_mapping, rebuild_sequence
 
 try:

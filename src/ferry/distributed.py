@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed
 
-from ferry._engine.info import get_worker_info
+from ferry._core.info import get_worker_info
+from ferry._core.ranks import process_group_rank_world, rank_world
 from ferry._sampler_state import SamplerRun, _IterationState, _state_int
 from ferry._torch_types import TorchDistributedSampler
 from ferry._validate import as_int, check_bool
@@ -62,44 +63,8 @@ class DatasetLengthChangedError(RuntimeError, AssertionError):
     """
 
 
-def _process_group_rank_world() -> tuple[int, int] | None:
-    """``(rank, world_size)`` of this process's default process group, or None without one."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return None
-
-
-class _Inherited:
-    """The main process's ``(rank, world_size)``, handed to a process worker at start-up.
-
-    A worker started with spawn or forkserver has no process group of its own, yet its share
-    of a stream depends on its parent's rank.
-    """
-
-    rank_world: tuple[int, int] | None = None
-
-
-def _inherit_rank_world(rank_world: tuple[int, int] | None) -> None:
-    """Record the parent's ``(rank, world_size)`` in a process worker, before user code runs.
-
-    The loader captures the value with :func:`_process_group_rank_world` in the main process
-    and passes it in the worker's start-up configuration.
-    """
-    _Inherited.rank_world = rank_world
-
-
-def _rank_world() -> tuple[int, int]:
-    """``(rank, world_size)`` to shard a stream by: the group's, else the parent's, else (0, 1)."""
-    here = _process_group_rank_world()
-    if here is not None:
-        return here
-    if _Inherited.rank_world is not None:
-        return _Inherited.rank_world
-    return 0, 1
-
-
 def _required_from_group(option: str) -> tuple[int, int]:
-    here = _process_group_rank_world()
+    here = process_group_rank_world()
     if here is not None:
         return here
     reason = (
@@ -454,7 +419,7 @@ def shard_info() -> tuple[int, int]:
         >>> shard_info()  # one process, no workers
         (0, 1)
     """
-    rank, world_size = _rank_world()
+    rank, world_size = rank_world()
     worker = get_worker_info()
     worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
     return rank * num_workers + worker_id, world_size * num_workers

@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeVar, cast
 import torch
 
 from ferry._batching import batch_count
-from ferry._engine.alloc import BufferPool
+from ferry._core.alloc import BufferPool
 from ferry._engine.autotune import Tuner
 from ferry._engine.failures import DEFAULT_STALL_WARNING, FailurePolicy, OnError
 from ferry._engine.iterator import InlineIterator, LoaderIterator

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import torch
 
 from ferry._batching import batch_record, batched, batches_in, is_batch_record, rebatch
-from ferry._engine.rng import generator_state
+from ferry._core.rng import generator_state
 from ferry._sampler_state import (
     SamplerRun,
     _GeneratorState,

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from time import perf_counter
 from typing import Any
 
-from ferry._engine.memory import COPY_ON_WRITE
+from ferry._core.memory import COPY_ON_WRITE
 
 __all__ = ["LoaderStats", "WorkerStats"]
 
@@ -63,7 +63,7 @@ class WorkerStats:
     # A process worker's share of anonymous memory at its latest measure, and how much that
     # grew since its first batch of the epoch (bytes; -1 and 0: not measured, as for threads).
     # Growth past a working set is copy-on-write of the main process's pages: see
-    # ferry._engine.memory.
+    # ferry._core.memory.
     memory_bytes: int = -1
     memory_growth_bytes: int = 0
 

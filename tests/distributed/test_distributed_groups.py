@@ -159,8 +159,8 @@ def test_sharded_stream_through_process_workers_covers_it_once(group: Results) -
     streams = _ok(group, "stream_processes")
     assert sorted(i for s in streams for i in s) == list(range(23)), (
         "spawned workers did not learn their rank: the loader must pass "
-        "ferry.distributed._process_group_rank_world() to each worker, which calls "
-        "ferry.distributed._inherit_rank_world() before user code (docs/distributed.md)"
+        "ferry._core.ranks.process_group_rank_world() to each worker, which calls "
+        "ferry._core.ranks.inherit_rank_world() before user code (docs/distributed.md)"
     )
 
 

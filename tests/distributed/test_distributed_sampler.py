@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
-import ferry.distributed
-from ferry._engine.info import WorkerInfo, set_thread_worker_info
+from ferry._core import ranks
+from ferry._core.info import WorkerInfo, set_thread_worker_info
 from ferry.distributed import DistributedSampler, NoProcessGroupError, shard, shard_info
 from ferry.samplers import BatchSampler, Sampler, index_batches, index_chunks
 
@@ -313,12 +313,12 @@ def test_shard_between_ranks_and_workers_covers_the_stream_once(world: int) -> N
     slots = []
     try:
         for rank in range(world):
-            ferry.distributed._inherit_rank_world((rank, world))
+            ranks.inherit_rank_world((rank, world))
             for info, items in _in_workers(2, 31):
                 slots.append(info)
                 seen.update(items)
     finally:
-        ferry.distributed._inherit_rank_world(None)
+        ranks.inherit_rank_world(None)
     assert sorted(slots) == [(slot, 2 * world) for slot in range(2 * world)]
     assert seen == Counter(range(31))
     assert shard_info() == (0, 1)
@@ -327,8 +327,8 @@ def test_shard_between_ranks_and_workers_covers_the_stream_once(world: int) -> N
 def test_shard_is_lazy() -> None:
     """The share is decided when iteration starts (inside the worker), not when shard is called."""
     items = shard(range(6))
-    ferry.distributed._inherit_rank_world((1, 2))
+    ranks.inherit_rank_world((1, 2))
     try:
         assert list(items) == [1, 3, 5]
     finally:
-        ferry.distributed._inherit_rank_world(None)
+        ranks.inherit_rank_world(None)

@@ -1,4 +1,4 @@
-"""The worker-side capture of a process's global generators (``ferry._engine.rng``)."""
+"""The worker-side capture of a process's global generators (``ferry._core.rng``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import torch
 
-from ferry._engine.rng import ProcessRng, RngWatch
+from ferry._core.rng import ProcessRng, RngWatch
 
 
 def test_a_batch_that_draws_nothing_reports_nothing() -> None:

@@ -12,7 +12,7 @@ import torch
 import torch.utils.data as tud
 
 import ferry
-from ferry._engine import info as info_module
+from ferry._core import info as info_module
 
 
 class AsksTorch(tud.IterableDataset):  # type: ignore[type-arg]

@@ -6,7 +6,7 @@ itself into plain data and back (``to_plain``/``from_plain``), the way Grain's
 
 * :class:`~ferry._engine.keys.KeysCursor`: where the sampler's keys continue;
 * :class:`WorkerCursor` per worker (with its :class:`Snapshot` of user states and its
-  :class:`~ferry._engine.rng.ProcessRng`): where each worker's stream and generators stand;
+  :class:`~ferry._core.rng.ProcessRng`): where each worker's stream and generators stand;
 * :class:`RunCounts`: what spans the run rather than the epoch (the skip budget's counts, and
   where torch's global generator stood when earlier epochs began).
 
@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from ferry._core.rng import ProcessRng, generator_from_state
 from ferry._engine.keys import KeysCursor
-from ferry._engine.rng import ProcessRng, generator_from_state
 
 __all__ = [
     "FORMAT",

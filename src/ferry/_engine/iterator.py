@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from ferry._batching import batch_count
+from ferry._core.alloc import using_allocator
+from ferry._core.rng import generator_state, set_generator_state
 from ferry._engine.aio import AsyncReads, is_async_dataset
-from ferry._engine.alloc import using_allocator
 from ferry._engine.cursor import (
     Cursor,
     RunCounts,
@@ -54,7 +55,6 @@ from ferry._engine.keys import (
 from ferry._engine.pin import pin_batch
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position import PositionKeeper
-from ferry._engine.rng import generator_state, set_generator_state
 from ferry._engine.track import Delivery, EpochTrack, guard_replay
 from ferry._torch_types import TorchLoaderIterator
 from ferry.errors import TooManyErrors

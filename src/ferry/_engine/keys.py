@@ -34,8 +34,8 @@ from typing import Any, Literal
 import torch
 
 from ferry._batching import batched
+from ferry._core.rng import generator_from_state, generator_state, set_generator_state
 from ferry._engine.plan import EpochPlan
-from ferry._engine.rng import generator_from_state, generator_state, set_generator_state
 from ferry.samplers import (
     SamplerRun,
     index_batches,

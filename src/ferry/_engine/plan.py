@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ferry._engine.alloc import BufferPool
+from ferry._core.alloc import BufferPool
 from ferry._engine.failures import FailurePolicy
 
 __all__ = ["EpochPlan"]

@@ -28,6 +28,9 @@ from typing import Any
 
 from typing_extensions import assert_never
 
+from ferry._core.info import check_thread_sharding, publish_threads_to_torch
+from ferry._core.memory import anon_bytes, growth_verdict, resident_anon_bytes
+from ferry._core.ranks import process_group_rank_world
 from ferry._engine.aio import AsyncReads, is_async_dataset
 from ferry._engine.channels import WorkerGone, WorkerMessage, open_channel
 from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor, run_numbers
@@ -39,10 +42,8 @@ from ferry._engine.group import (
     start_threads,
 )
 from ferry._engine.incidents import Incidents
-from ferry._engine.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.iterator import LoaderIterator
 from ferry._engine.keys import stateful_part
-from ferry._engine.memory import anon_bytes, growth_verdict, resident_anon_bytes
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
@@ -52,7 +53,6 @@ from ferry._engine.shm import available_memory
 from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
 from ferry._engine.track import Delivery
 from ferry._engine.worker import WorkerConfig
-from ferry.distributed import _process_group_rank_world as process_group_rank_world
 from ferry.errors import (
     WorkerDied,
     WorkerTimeout,
@@ -117,7 +117,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         )
         self._judge = WaitJudge(batches=plan.num_workers)
         # ... and so do process workers whose memory grows past what the system has
-        # (copy-on-write of the dataset's objects, see ferry._engine.memory): measured when the
+        # (copy-on-write of the dataset's objects, see ferry._core.memory): measured when the
         # epoch begins.
         self._memory_budget = available_memory() if self._judge_waiting else None
         main_anon = resident_anon_bytes() if self._judge_waiting else -1
@@ -515,7 +515,7 @@ class WorkerIterator(Incidents, LoaderIterator):
 
     def _memory_verdict(self) -> str:
         """num_workers="auto": why the process workers' memory growth calls for threads
-        ("" when it does not; :func:`ferry._engine.memory.growth_verdict`)."""
+        ("" when it does not; :func:`ferry._core.memory.growth_verdict`)."""
         stats = self._track.stats
         measured = [w for w, first in enumerate(stats.memory_first) if first >= 0]
         grown = sum(stats.memory_latest[w] - stats.memory_first[w] for w in measured)

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ferry._core.rng import ProcessRng, RngWatch
 from ferry._engine.cursor import Snapshot, WorkerCursor
 from ferry._engine.fetch import BatchDropped, IterableFetcher, MapFetcher
 from ferry._engine.keys import stateful_part
-from ferry._engine.rng import ProcessRng, RngWatch
 from ferry.datasets import is_iterable_style
 
 __all__ = ["PositionKeeper", "WorkerReport"]

@@ -6,7 +6,7 @@ the announcement) and keeps the mapping, so a slab the worker writes again costs
 and no page faults here. :meth:`SlabMaps.decode` turns a batch's slab references back into
 tensors over the mapping, without a copy. A slab is *lent* with its batch and *freed* once every
 tensor of that batch made from it is gone (a weak reference to the ``memoryview`` each tensor
-was made from, as in :mod:`ferry._engine.alloc`).
+was made from, as in :mod:`ferry._core.alloc`).
 
 A slab larger than ``shm.REUSE_LIMIT`` carries one batch (``NewSlab.reuse`` is false): the
 worker let go of it once the batch was sent, and it is unmapped here as soon as the batch is

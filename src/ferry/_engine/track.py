@@ -15,12 +15,12 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ferry._core.rng import generator_state
 from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor, global_rng_fingerprint
 from ferry._engine.failures import SkipBudget
 from ferry._engine.fetch import Outcome
 from ferry._engine.keys import EpochKeys, between_epochs
 from ferry._engine.plan import EpochPlan
-from ferry._engine.rng import generator_state
 from ferry.errors import EpochReplayWarning, warn_from_user_code
 from ferry.stats import StatsRecorder
 

@@ -29,11 +29,12 @@ from typing import Any
 
 import torch
 
-from ferry._engine.alloc import Allocator, using_allocator
+from ferry._core.alloc import Allocator, using_allocator
+from ferry._core.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
+from ferry._core.memory import MemorySampler
+from ferry._core.ranks import inherit_rank_world
 from ferry._engine.cursor import WorkerCursor
 from ferry._engine.fetch import BatchDropped, IterableFetcher, MapFetcher, make_fetcher
-from ferry._engine.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
-from ferry._engine.memory import MemorySampler
 from ferry._engine.messages import (
     Done,
     Exhausted,
@@ -52,7 +53,6 @@ from ferry._engine.position import PositionKeeper
 from ferry._engine.reads import SampleReads
 from ferry._engine.shm import SLABS_SUPPORTED, SlabAllocator, encode_batch
 from ferry._engine.slabfile import remove_names, send_fd
-from ferry.distributed import _inherit_rank_world as inherit_rank_world
 
 __all__ = ["WorkerConfig", "process_worker_main", "thread_worker_main"]
 

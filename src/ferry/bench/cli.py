@@ -15,16 +15,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ferry._cli import positive_int, prepare_output, seconds
+from ferry._cli import MissingExtra, positive_int, prepare_output, require_matplotlib, seconds
 from ferry.bench.latency import format_latency
-from ferry.bench.report import (
-    MissingExtra,
-    format_table,
-    metadata,
-    require_matplotlib,
-    to_json,
-    write_plot,
-)
+from ferry.bench.report import format_table, metadata, to_json, write_plot
 from ferry.bench.resume import ResumeRow, format_resume, run_resume, time_state_dict
 from ferry.bench.runner import Config, run_suite
 from ferry.bench.workloads import WORKLOADS

@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -38,13 +38,14 @@ from typing import Any
 
 import torch
 
+from ferry._cli import batch_leaves
+
 __all__ = [
     "HAVE_PROC",
     "CpuSnapshot",
     "MemorySampler",
     "RunTimeout",
     "batch_digest",
-    "batch_nbytes",
     "check_keys",
     "deadline",
     "descendants",
@@ -215,30 +216,6 @@ def deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _leaves(batch: Any) -> Iterator[Any]:
-    if isinstance(batch, Mapping):
-        for key in batch:
-            yield key
-            yield from _leaves(batch[key])
-    elif isinstance(batch, (list, tuple)):
-        yield type(batch).__name__
-        for item in batch:
-            yield from _leaves(item)
-    else:
-        yield batch
-
-
-def batch_nbytes(batch: Any) -> int:
-    """Bytes held by the tensors (and arrays) of a batch; strings and numbers count nothing."""
-    total = 0
-    for leaf in _leaves(batch):
-        if isinstance(leaf, torch.Tensor):
-            total += leaf.numel() * leaf.element_size()
-        elif hasattr(leaf, "nbytes") and hasattr(leaf, "dtype"):
-            total += int(leaf.nbytes)
-    return total
-
-
 def batch_digest(batch: Any) -> str:
     """A hash of a batch's structure, dtypes, shapes and values.
 
@@ -246,7 +223,7 @@ def batch_digest(batch: Any) -> str:
     same first batch: a fast loader that returns the wrong data must not look good.
     """
     digest = hashlib.blake2b(digest_size=16)
-    for leaf in _leaves(batch):
+    for leaf in batch_leaves(batch):
         if isinstance(leaf, torch.Tensor):
             digest.update(f"tensor {leaf.dtype} {tuple(leaf.shape)}".encode())
             digest.update(

@@ -13,16 +13,15 @@ from typing import Any
 
 import torch
 
+from ferry._cli import require_matplotlib
 from ferry.bench.latency import latency_lines
 from ferry.bench.measure import HAVE_PROC
 from ferry.bench.results import Row, Summary, column_renderer
 from ferry.bench.runner import Config
 
 __all__ = [
-    "MissingExtra",
     "format_table",
     "metadata",
-    "require_matplotlib",
     "to_json",
     "workers_label",
     "write_plot",
@@ -53,25 +52,6 @@ _COLUMNS = (
     ("memcpy b/s", ">"),
     ("ferry/memcpy", ">"),
 )
-
-
-class MissingExtra(Exception):
-    """An optional dependency of the benchmark is not installed."""
-
-
-def require_matplotlib() -> Any:
-    """``matplotlib.pyplot`` on the non-interactive Agg backend, or :class:`MissingExtra`."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MissingExtra(
-            "--plot needs matplotlib, which is not installed: pip install matplotlib "
-            "(ferry-data's extra 'bench' has it)"
-        ) from None
-    return plt
 
 
 def workers_label(row: Row) -> str:

@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
+from ferry._cli import batch_nbytes
 from ferry.bench.latency import loader_concurrency
 from ferry.bench.measure import (
     CpuSnapshot,
     MemorySampler,
     batch_digest,
-    batch_nbytes,
     check_keys,
     deadline,
     memcpy_batches_per_s,

@@ -244,7 +244,7 @@ def waiting_reads(f: Findings) -> Advice | None:
 def copy_on_write(f: Findings) -> Advice | None:
     """Process workers whose own memory grew far past a working set during the run: they copy
     the main process's pages as they read the dataset's Python objects (each read writes a
-    reference count; see ferry._engine.memory). Threads share the objects instead, unless
+    reference count; see ferry._core.memory). Threads share the objects instead, unless
     ``__getitem__`` holds the GIL (two threads barely faster than one): then the objects
     belong in one buffer that reads do not write (``ferry.SharedList``)."""
     stats = f.stats

@@ -19,10 +19,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ferry._cli import non_negative, positive_int, prepare_output, seconds
+from ferry._cli import (
+    MissingExtra,
+    non_negative,
+    positive_int,
+    prepare_output,
+    require_matplotlib,
+    seconds,
+)
 from ferry._torch_types import TorchDataLoader
 from ferry._validate import available_cpus
-from ferry.bench.report import MissingExtra, require_matplotlib
 from ferry.doctor.advice import Findings, advise, worth_probing_threads
 from ferry.doctor.measure import EmptyLoader, cuda_transfer, measure, probe_threads
 from ferry.doctor.options import build_loader, loader_options

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ferry.bench.measure import batch_nbytes
+from ferry._cli import batch_nbytes
 from ferry.doctor.options import build_loader, with_changes
 from ferry.doctor.progress import Bound, Console
 from ferry.loader import DataLoader

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 import ferry
-from ferry.bench.report import require_matplotlib
+from ferry._cli import require_matplotlib
 from ferry.doctor.advice import Advice, Findings, nothing_to_gain, stage_shares
 from ferry.doctor.measure import Measurement
 from ferry.doctor.options import describe, plain_options

@@ -1,0 +1,122 @@
+"""ferry's modules form layers, and imports go one way: down (docs/design/modules.md).
+
+Lowest first: ``_core`` (RNG states, the allocator, worker info, rank and world, memory
+measures: what everything builds on); the public description modules (datasets, samplers,
+collate, distributed, stats, errors, and their private helpers); ``_engine`` (how batches are
+made: iterators, workers, transport); the loader (and the package's own namespace); the tools
+(doctor, bench, the command line). A module may import from its own layer and those below; an
+import that goes up fails this test, wherever it is written (at the top, in a function, under
+``TYPE_CHECKING``). The doctor and the bench share what both need through ``ferry._cli``, never
+each other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("ferry._core",)),
+    (
+        "description",
+        (
+            "ferry.errors",
+            "ferry._validate",
+            "ferry._torch_types",
+            "ferry._structure",
+            "ferry._batching",
+            "ferry._sampler_state",
+            "ferry.samplers",
+            "ferry.datasets",
+            "ferry.collate",
+            "ferry.distributed",
+            "ferry.stats",
+            "ferry.shared_list",
+        ),
+    ),
+    ("engine", ("ferry._engine",)),
+    ("loader", ("ferry.loader", "ferry._sampling", "ferry.accelerate", "ferry")),
+    ("tools", ("ferry._cli", "ferry.doctor", "ferry.bench", "ferry.__main__")),
+]
+# Tools that must not import each other (what they share is in ferry._cli).
+APART = ("ferry.doctor", "ferry.bench")
+
+
+def _layer(module: str) -> int:
+    """The layer of ``module``: the one whose prefix matches it longest."""
+    best, rank = -1, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, rank = len(prefix), index
+    if rank < 0:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+    return rank
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted((SRC / "ferry").rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(path: Path, module: str) -> list[tuple[int, str]]:
+    """``(line, module)`` of every ferry module ``path`` imports."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            # "from ferry._engine import pool" imports the module ferry._engine.pool.
+            found += [(node.lineno, n if n in _modules() else base) for n in names]
+    return [(line, name) for line, name in found if name == "ferry" or name.startswith("ferry.")]
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in _modules():
+        _layer(module)
+
+
+@pytest.mark.parametrize("module", sorted(_modules()))
+def test_imports_go_down_the_layers(module: str) -> None:
+    path = _modules()[module]
+    own = _layer(module)
+    upward = [
+        f"{path.relative_to(SRC)}:{line} imports {target} ({LAYERS[_layer(target)][0]} layer)"
+        for line, target in _imports(path, module)
+        if _layer(target) > own
+    ]
+    assert not upward, (
+        f"{module} is in the {LAYERS[own][0]} layer; imports going up:\n" + "\n".join(upward)
+    )
+
+
+@pytest.mark.parametrize("module", sorted(m for m in _modules() if m.startswith(APART)))
+def test_the_doctor_and_the_bench_import_each_other_nothing(module: str) -> None:
+    own = next(prefix for prefix in APART if module.startswith(prefix))
+    other = next(prefix for prefix in APART if prefix != own)
+    crossing = [t for _, t in _imports(_modules()[module], module) if t.startswith(other)]
+    assert not crossing, f"{module} imports {crossing}: share it through ferry._cli"
+
+
+def test_an_upward_import_is_caught(tmp_path: Path) -> None:
+    """The check itself: a core module importing the engine is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from ferry._engine.pool import WorkerIterator\nimport ferry.loader\n")
+    targets = [t for _, t in _imports(bad, "ferry._core.bad")]
+    assert targets == ["ferry._engine.pool", "ferry.loader"]
+    assert all(_layer(t) > _layer("ferry._core.bad") for t in targets)
