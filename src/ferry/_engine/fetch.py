@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from time import perf_counter, thread_time
 from typing import Any
 
 import torch
 
+from ferry._core.alloc import Allocator, using_allocator
 from ferry._engine.aio import AsyncReads
 from ferry._engine.reads import Failed, SampleReads
 from ferry.collate import RowBatch, default_collate, default_map_is_pristine
@@ -329,6 +331,41 @@ class IterableFetcher(_TimedFetch):
                 if self.skip_as is None:
                     raise
             self.items += 1
+
+
+@dataclass
+class Made:
+    """One batch as it was made, inline or in a worker: what the statistics, the skip budget and
+    the hand-off need of it."""
+
+    batch: Any  # DROPPED: on_error="skip" dropped every sample
+    fetch_s: float
+    collate_s: float
+    cpu_s: float  # -1: not measured (see CPU_SAMPLE)
+    outcome: Outcome | None  # on_error="skip": (samples tried, samples dropped)
+
+    def timing(
+        self, hand_off_s: float = 0.0, hand_off_bytes: int = 0
+    ) -> tuple[float, float, float, int]:
+        """``Done.timing``: fetch, collate and hand-off seconds, hand-off bytes."""
+        return self.fetch_s, self.collate_s, hand_off_s, hand_off_bytes
+
+
+def make_batch(
+    fetcher: MapFetcher | IterableFetcher, key: Any, allocator: Allocator | None, skip: bool
+) -> Made:
+    """Make the batch of ``key`` with ``fetcher``, collate's tensors coming from ``allocator``
+    (pooled memory inline and in thread workers, shared-memory slabs in process workers): the
+    one way a batch is made, by the inline engine and by every worker. A batch whose every
+    sample ``on_error="skip"`` dropped is :data:`DROPPED`; any other error (a stream's end
+    included) is raised."""
+    try:
+        with using_allocator(allocator):
+            batch = fetcher.fetch(key)
+    except BatchDropped:
+        batch = DROPPED
+    outcome = fetcher.outcome if skip else None
+    return Made(batch, fetcher.fetch_s, fetcher.collate_s, fetcher.cpu_s, outcome)
 
 
 def make_fetcher(

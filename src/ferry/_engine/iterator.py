@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from ferry._batching import batch_count
-from ferry._core.alloc import using_allocator
 from ferry._core.rng import generator_state, set_generator_state
 from ferry._engine.aio import AsyncReads, is_async_dataset
 from ferry._engine.cursor import (
@@ -40,9 +39,9 @@ from ferry._engine.cursor import (
 from ferry._engine.failures import SkipBudget
 from ferry._engine.fetch import (
     DROPPED,
-    BatchDropped,
     IterableFetcher,
     MapFetcher,
+    make_batch,
     make_fetcher,
     one_call_gather,
 )
@@ -418,18 +417,13 @@ class InlineIterator(LoaderIterator):
             self._end_reads()
             raise
         stats.sampler += perf_counter() - start
-        fetcher = self._fetcher
         try:
-            with using_allocator(self._allocator):
-                batch = fetcher.fetch(key)
-        except BatchDropped:  # on_error="skip", and every sample of the batch failed
-            batch = DROPPED
+            made = make_batch(self._fetcher, key, self._allocator, self._skip)
         except StopIteration:  # (a map-style dataset's ends the epoch)
             self._end_reads()
             raise
         stats.waited += 1  # made on demand: never ready before it is asked
-        stats.fetch += fetcher.fetch_s
-        stats.collate += fetcher.collate_s
-        stats.cpu_used(fetcher.fetch_s + fetcher.collate_s, fetcher.cpu_s)
-        outcome = fetcher.outcome if self._skip else None
-        return Delivery(batch, number, 0, None, outcome)
+        stats.fetch += made.fetch_s
+        stats.collate += made.collate_s
+        stats.cpu_used(made.fetch_s + made.collate_s, made.cpu_s)
+        return Delivery(made.batch, number, 0, None, made.outcome)

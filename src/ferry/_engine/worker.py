@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 
-from ferry._core.alloc import Allocator, using_allocator
+from ferry._core.alloc import Allocator
 from ferry._core.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
 from ferry._core.memory import MemorySampler
 from ferry._core.ranks import inherit_rank_world
 from ferry._engine.cursor import WorkerCursor
-from ferry._engine.fetch import BatchDropped, IterableFetcher, MapFetcher, make_fetcher
+from ferry._engine.fetch import DROPPED, IterableFetcher, MapFetcher, make_batch, make_fetcher
 from ferry._engine.messages import (
     Done,
     Exhausted,
@@ -234,31 +234,24 @@ def run_worker_loop(
             continue
         if slabs is not None:
             slabs.begin(message.freed)
-        outcome = None
         activity.since, activity.task = time.monotonic(), message.task
         try:
-            with using_allocator(allocator):
-                batch = fetcher.fetch(IndexTensor.unpack(message.key))
+            made = make_batch(fetcher, IndexTensor.unpack(message.key), allocator, config.skip)
             report = keeper.after_batch(fetcher) if keeper.reports else None
-            if config.skip:
-                outcome = fetcher.outcome
+            if made.batch is DROPPED:  # every sample dropped: report them, and the position
+                if slabs is not None:
+                    slabs.abandon()
+                send(Done(message.task, None, (), report, made.timing(), made.outcome, empty=True))
+                continue
             if slabs is None:
-                timing = (fetcher.fetch_s, fetcher.collate_s, 0.0, 0)
-                cpu = fetcher.cpu_s
-                send(Done(message.task, batch, (), report, timing, outcome, cpu=cpu))
+                timing, batch = made.timing(), made.batch
+                send(Done(message.task, batch, (), report, timing, made.outcome, cpu=made.cpu_s))
                 continue
             encoding = perf_counter()
-            payload, used = encode_batch(batch, slabs)
-            batch = None  # (its tensors would keep the slabs mapped here once retired)
+            payload, used = encode_batch(made.batch, slabs)
+            made.batch = None  # (its tensors would keep the slabs mapped here once retired)
             nbytes = len(payload) + sum(slab.used for slab in used)
-            timing = (fetcher.fetch_s, fetcher.collate_s, perf_counter() - encoding, nbytes)
-        except BatchDropped:  # on_error="skip" dropped every sample: report them, and the position
-            if slabs is not None:
-                slabs.abandon()
-            report = keeper.after_batch(fetcher) if keeper.reports else None
-            timing = (fetcher.fetch_s, fetcher.collate_s, 0.0, 0)
-            send(Done(message.task, None, (), report, timing, fetcher.outcome, empty=True))
-            continue
+            timing = made.timing(perf_counter() - encoding, nbytes)
         except Exception as exc:
             if slabs is not None:
                 slabs.abandon()
@@ -279,7 +272,7 @@ def run_worker_loop(
                 slab.announced = True
         used_ids = tuple(s.id for s in used)
         held = memory.after_batch() if memory is not None else -1
-        cpu = fetcher.cpu_s
+        cpu, outcome = made.cpu_s, made.outcome
         send(Done(message.task, payload, used_ids, report, timing, outcome, cpu=cpu, memory=held))
         slabs.handed_off(used)
 

@@ -1,7 +1,7 @@
-"""Datasets, collate functions and worker_init_fns of the worker tests.
+"""Datasets, collate functions and worker_init_fns of the worker, fault and message tests.
 
 Everything here is module level so that spawn and forkserver workers can unpickle it (by
-reference to ``workers.datasets``). Datasets that need to know which worker runs them take the
+reference to ``_support.datasets``). Datasets that need to know which worker runs them take the
 ``get_worker_info`` function to call: ``torch.utils.data.get_worker_info`` inside torch's
 workers, ``ferry.get_worker_info`` inside ferry's. Iterable datasets derive from torch's
 ``IterableDataset``, which both libraries recognise.

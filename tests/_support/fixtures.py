@@ -1,7 +1,7 @@
-"""Fixtures of the worker and fault tests (imported by both folders' ``conftest.py``).
+"""Fixtures of the worker, fault and resume tests (imported by those folders' ``conftest.py``).
 
 * ``kind``: how workers run, given by indirect parametrization
-  (``@pytest.mark.parametrize("kind", FAST, indirect=True)``); a :class:`~workers.support.Kind`.
+  (``@pytest.mark.parametrize("kind", FAST, indirect=True)``); a :class:`~_support.processes.Kind`.
 * ``no_leftovers`` (autouse): after every test, every worker process and thread the test
   started must be gone within a few seconds; leftovers are killed and fail the test, so a
   failing test cannot leave processes behind for the next ones.
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers import datasets
-from workers.support import Kind, descendants, ferry_threads, kill_all, poll
+from _support import datasets
+from _support.processes import Kind, descendants, ferry_threads, kill_all, poll
 
 # A forkserver that has torch and ferry imported starts workers in milliseconds instead of
 # seconds (each would import torch): this keeps the forkserver matrix affordable. Test modules

@@ -1,4 +1,4 @@
-"""Helpers of the worker and fault tests: worker kinds, the process tree, polling, cleanup.
+"""Worker kinds, the process tree, polling, cleanup: for every test that starts workers.
 
 Worker processes are found from ``/proc`` (no psutil): :func:`descendants` lists every process
 below this one, zombies included, except multiprocessing's own long-lived helpers (the

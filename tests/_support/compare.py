@@ -1,12 +1,16 @@
-"""Shared tools of the differential tests: torch is the oracle, ferry must match it exactly.
+"""Comparing results exactly: torch is the oracle of the differential tests, ferry must match it.
 
 * :func:`assert_same` compares two values exactly: the type of every container and leaf, mapping
   keys and their order, tensors' type, dtype, shape, strides, device, ``requires_grad`` and
   values (NaN-aware, signed zeros told apart), numpy arrays' dtype/shape/values.
+* :func:`canon` describes a batch exactly as a hashable value (types, dtypes, shapes, values),
+  so batches can be compared with ``==`` and counted in multisets.
 * :func:`outcome` runs a callable and records what it returned or the type of what it raised,
   so the two libraries can be compared also where they fail.
 * :func:`run_epochs` iterates a loader the way a training loop does and records every batch and
   a draw from the global RNG afterwards (what the loader left of the RNG state).
+* :class:`DuckMap`, :class:`DuckStream`, :func:`stream_dataset`, :func:`map_dataset`: datasets
+  written once and built with either library.
 * :data:`HYPOTHESIS` is the settings profile of every property test: deterministic, no example
   database on disk, no per-example deadline.
 """
@@ -40,82 +44,88 @@ HYPOTHESIS = settings(
 )
 
 
-def _fail(path: str, what: str, a: Any, b: Any) -> AssertionError:
+Names = tuple[str, str]
+"""What the compared values are, in messages: by default torch's (expected) and ferry's."""
+ORACLE: Names = ("torch", "ferry")
+
+
+def _fail(names: Names, path: str, what: str, a: Any, b: Any) -> AssertionError:
     return AssertionError(
-        f"{path}: {what} differ:\n  expected (torch): {a!r}\n  got (ferry): {b!r}"
+        f"{path}: {what} differ:\n  expected ({names[0]}): {a!r}\n  got ({names[1]}): {b!r}"
     )
 
 
-def _same_tensor(a: torch.Tensor, b: torch.Tensor, path: str) -> None:
+def _same_tensor(a: torch.Tensor, b: torch.Tensor, path: str, names: Names) -> None:
     for attr in ("dtype", "shape", "device", "layout", "requires_grad", "is_sparse"):
         if getattr(a, attr) != getattr(b, attr):
-            raise _fail(path, f"tensor {attr}s", getattr(a, attr), getattr(b, attr))
+            raise _fail(names, path, f"tensor {attr}s", getattr(a, attr), getattr(b, attr))
     if a.is_inference() != b.is_inference():
-        raise _fail(path, "inference-mode flags", a.is_inference(), b.is_inference())
+        raise _fail(names, path, "inference-mode flags", a.is_inference(), b.is_inference())
     if a.layout == torch.strided and a.stride() != b.stride():
-        raise _fail(path, "tensor strides", a.stride(), b.stride())
+        raise _fail(names, path, "tensor strides", a.stride(), b.stride())
     a, b = a.detach(), b.detach()
     if a.is_nested or a.layout != torch.strided:
         if not torch.equal(a.to_dense(), b.to_dense()):
-            raise _fail(path, "tensor values", a, b)
+            raise _fail(names, path, "tensor values", a, b)
         return
     if a.dtype.is_floating_point or a.dtype.is_complex:
         views = [(a.real, b.real), (a.imag, b.imag)] if a.dtype.is_complex else [(a, b)]
         for x, y in views:
             nan_x, nan_y = torch.isnan(x), torch.isnan(y)
             if not torch.equal(nan_x, nan_y):
-                raise _fail(path, "tensor NaN positions", a, b)
+                raise _fail(names, path, "tensor NaN positions", a, b)
             if not torch.equal(x[~nan_x], y[~nan_y]):
-                raise _fail(path, "tensor values", a, b)
+                raise _fail(names, path, "tensor values", a, b)
             if not torch.equal(torch.signbit(x[~nan_x]), torch.signbit(y[~nan_y])):
-                raise _fail(path, "tensor signs of zero", a, b)
+                raise _fail(names, path, "tensor signs of zero", a, b)
     elif not torch.equal(a, b):
-        raise _fail(path, "tensor values", a, b)
+        raise _fail(names, path, "tensor values", a, b)
 
 
-def _same_ndarray(a: np.ndarray, b: np.ndarray, path: str) -> None:
+def _same_ndarray(a: np.ndarray, b: np.ndarray, path: str, names: Names) -> None:
     if a.dtype != b.dtype or a.shape != b.shape:
-        raise _fail(path, "array dtypes/shapes", (a.dtype, a.shape), (b.dtype, b.shape))
+        raise _fail(names, path, "array dtypes/shapes", (a.dtype, a.shape), (b.dtype, b.shape))
     if not np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"):
-        raise _fail(path, "array values", a, b)
+        raise _fail(names, path, "array values", a, b)
 
 
-def assert_same(expected: Any, got: Any, path: str = "value") -> None:
-    """Assert that ``got`` (ferry) is exactly ``expected`` (torch), recursively.
+def assert_same(expected: Any, got: Any, path: str = "value", names: Names = ORACLE) -> None:
+    """Assert that ``got`` (ferry) is exactly ``expected`` (torch), recursively. ``names`` says
+    in a failure's message what the two values are.
 
     Containers must be of the identical type (list is not tuple, a namedtuple is not a tuple,
     a dict is not an OrderedDict); mapping keys must be equal and in the same order.
     """
     if type(expected) is not type(got):
-        raise _fail(path, "types", type(expected), type(got))
+        raise _fail(names, path, "types", type(expected), type(got))
     if isinstance(expected, torch.Tensor):
-        _same_tensor(expected, got, path)
+        _same_tensor(expected, got, path, names)
     elif isinstance(expected, np.ndarray):
-        _same_ndarray(expected, got, path)
+        _same_ndarray(expected, got, path, names)
     elif isinstance(expected, (str, bytes)):
         if expected != got:
-            raise _fail(path, "values", expected, got)
+            raise _fail(names, path, "values", expected, got)
     elif isinstance(expected, Mapping):
         if list(expected.keys()) != list(got.keys()):
-            raise _fail(path, "mapping keys", list(expected.keys()), list(got.keys()))
+            raise _fail(names, path, "mapping keys", list(expected.keys()), list(got.keys()))
         for key in expected:
-            assert_same(expected[key], got[key], f"{path}[{key!r}]")
+            assert_same(expected[key], got[key], f"{path}[{key!r}]", names)
     elif isinstance(expected, Sequence):
         if len(expected) != len(got):
-            raise _fail(path, "lengths", len(expected), len(got))
+            raise _fail(names, path, "lengths", len(expected), len(got))
         for position, (x, y) in enumerate(zip(expected, got, strict=True)):
-            assert_same(x, y, f"{path}[{position}]")
+            assert_same(x, y, f"{path}[{position}]", names)
     elif isinstance(expected, float):
         same = (math.isnan(expected) and math.isnan(got)) or (
             expected == got and math.copysign(1, expected) == math.copysign(1, got)
         )
         if not same:
-            raise _fail(path, "floats", expected, got)
+            raise _fail(names, path, "floats", expected, got)
     elif isinstance(expected, np.generic):
         if not _same_scalar(expected, got):
-            raise _fail(path, "numpy scalars", expected, got)
+            raise _fail(names, path, "numpy scalars", expected, got)
     elif expected != got:
-        raise _fail(path, "values", expected, got)
+        raise _fail(names, path, "values", expected, got)
 
 
 def _same_scalar(a: np.generic, b: np.generic) -> bool:
@@ -144,11 +154,27 @@ def assert_same_outcome(expected: Any, got: Any, path: str = "outcome") -> None:
     """Both raised the identical exception type, or both returned the same value."""
     if isinstance(expected, Raised) or isinstance(got, Raised):
         if not (isinstance(expected, Raised) and isinstance(got, Raised)):
-            raise _fail(path, "outcomes", expected, got)
+            raise _fail(ORACLE, path, "outcomes", expected, got)
         if expected.type is not got.type:
-            raise _fail(path, "exception types", expected, got)
+            raise _fail(ORACLE, path, "exception types", expected, got)
         return
     assert_same(expected, got, path)
+
+
+def canon(value: Any) -> Any:
+    """A hashable, exact description of a batch (types, dtypes, shapes and values kept), so
+    batches can be compared for equality and counted in multisets."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), tuple(value.flatten().tolist()))
+    if isinstance(value, np.ndarray):
+        return ("ndarray", str(value.dtype), value.shape, tuple(value.flatten().tolist()))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, canon(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(canon(v) for v in value))
+    if isinstance(value, float):
+        return ("float", value.hex())
+    return (type(value).__name__, value)
 
 
 def run_epochs(
