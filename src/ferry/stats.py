@@ -300,15 +300,13 @@ class StatsRecorder:
         """Worker ``worker_id`` is a new process: its memory is measured afresh."""
         self.memory_first[worker_id] = self.memory_latest[worker_id] = -1
 
-    def worker_made(
-        self, worker_id: int, fetch: float, collate: float, encode: float, nbytes: int
-    ) -> None:
-        """A worker's figures for one batch it made."""
-        self.fetch += fetch
-        self.collate += collate
-        self.hand_off += encode
-        self.hand_off_bytes += nbytes
-        self.busy[worker_id] += fetch + collate + encode
+    def worker_made(self, worker_id: int, timing: Any) -> None:
+        """A worker's figures for one batch it made (a ``ferry._engine.messages.Timing``)."""
+        self.fetch += timing.fetch_s
+        self.collate += timing.collate_s
+        self.hand_off += timing.hand_off_s
+        self.hand_off_bytes += timing.hand_off_bytes
+        self.busy[worker_id] += timing.made_s + timing.hand_off_s
         self.made[worker_id] += 1
 
     def result(self, engine: str, tuning: str = "") -> LoaderStats:

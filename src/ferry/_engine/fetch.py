@@ -22,6 +22,7 @@ import torch
 
 from ferry._core.alloc import Allocator, using_allocator
 from ferry._engine.aio import AsyncReads
+from ferry._engine.messages import Timing
 from ferry._engine.reads import Failed, SampleReads
 from ferry.collate import RowBatch, default_collate, default_map_is_pristine
 from ferry.datasets import fetch_many, tensor_gather
@@ -344,11 +345,9 @@ class Made:
     cpu_s: float  # -1: not measured (see CPU_SAMPLE)
     outcome: Outcome | None  # on_error="skip": (samples tried, samples dropped)
 
-    def timing(
-        self, hand_off_s: float = 0.0, hand_off_bytes: int = 0
-    ) -> tuple[float, float, float, int]:
-        """``Done.timing``: fetch, collate and hand-off seconds, hand-off bytes."""
-        return self.fetch_s, self.collate_s, hand_off_s, hand_off_bytes
+    def timing(self, hand_off_s: float = 0.0, hand_off_bytes: int = 0) -> Timing:
+        """This batch's :class:`~ferry._engine.messages.Timing`, with its hand-off."""
+        return Timing(self.fetch_s, self.collate_s, hand_off_s, hand_off_bytes)
 
 
 def make_batch(

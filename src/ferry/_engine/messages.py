@@ -33,9 +33,13 @@ worker -> main
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from ferry._engine.fetch import Outcome
+    from ferry._engine.position import WorkerReport
 
 __all__ = [
     "Done",
@@ -50,6 +54,7 @@ __all__ = [
     "Stack",
     "StackRequest",
     "Stop",
+    "Timing",
 ]
 
 
@@ -137,21 +142,35 @@ class NewSlab:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """Where a worker's time went on one batch, and the bytes that crossed (ferry.stats)."""
+
+    fetch_s: float = 0.0
+    collate_s: float = 0.0
+    hand_off_s: float = 0.0  # pickling in the worker (its part of the hand-off)
+    hand_off_bytes: int = 0  # the pickle plus the slab bytes of the batch
+
+    @property
+    def made_s(self) -> float:
+        """Making the batch: fetch and collate."""
+        return self.fetch_s + self.collate_s
+
+
+@dataclass(frozen=True)
 class Done:
     task: int
     payload: Any
     slabs: tuple[int, ...] = ()
-    report: Any = None
-    # (fetch s, collate s, hand-off s, hand-off bytes) of this batch in the worker (ferry.stats)
-    timing: tuple[float, float, float, int] = (0.0, 0.0, 0.0, 0)
+    report: WorkerReport | None = None
+    timing: Timing = Timing()
     # on_error="skip": (samples tried, samples dropped); ``empty``: all were, there is no batch
-    outcome: Any = None
+    outcome: Outcome | None = None
     empty: bool = False
     # CPU seconds the worker's thread used making it (against the fetch and collate seconds of
     # ``timing``: how much of the batch was waiting; num_workers="auto" reads it).
     cpu: float = -1.0  # (-1: not measured, see fetch.CPU_SAMPLE)
     # The process worker's share of anonymous memory after it, in bytes (-1: not measured;
-    # see ferry._engine.memory, which says when it is).
+    # see ferry._core.memory, which says when it is).
     memory: int = -1
 
 

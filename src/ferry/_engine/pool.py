@@ -482,16 +482,15 @@ class WorkerIterator(Incidents, LoaderIterator):
                     latest = latest.fetched(task.index)
                 self._latest[worker_id] = task.position = latest
                 stats = self._track.stats
-                stats.worker_made(worker_id, *message.timing)
-                stats.cpu_used(message.timing[0] + message.timing[1], message.cpu)
+                stats.worker_made(worker_id, message.timing)
+                stats.cpu_used(message.timing.made_s, message.cpu)
                 if message.memory >= 0:
                     stats.worker_memory(worker_id, message.memory)
                     if self._judge_waiting and not self._to_threads:
                         self._to_threads = self._memory_verdict()
                 if self._judge_waiting and not self._judge.decided and message.cpu >= 0:
-                    fetch, collate = message.timing[0], message.timing[1]
                     reads = _key_length(task.key)
-                    self._to_threads = self._judge.add(fetch + collate, message.cpu, reads)
+                    self._to_threads = self._judge.add(message.timing.made_s, message.cpu, reads)
                 task.outcome = message.outcome
                 if message.empty:
                     task.result = DROPPED
