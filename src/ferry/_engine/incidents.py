@@ -8,16 +8,15 @@ reorder loop: replacing a dead worker (``max_worker_restarts``), the stall repor
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import os
 import time
 from dataclasses import replace
 
 from ferry._engine.channels import Channel, WorkerGone, WorkerMessage
 from ferry._engine.cursor import WorkerCursor
-from ferry._engine.group import WorkerGroup, WorkerHandle, replace_process
-from ferry._engine.messages import Stack, StackRequest
+from ferry._engine.group import WorkerGroup, WorkerHandle
+from ferry._engine.kinds import WorkerKind
+from ferry._engine.messages import Stack
 from ferry._engine.plan import EpochPlan
 from ferry._engine.schedule import Scheduler
 from ferry._engine.stall import (
@@ -25,7 +24,6 @@ from ferry._engine.stall import (
     Holder,
     Pending,
     stall_message,
-    thread_stacks,
 )
 from ferry._engine.track import EpochTrack
 from ferry._engine.worker import WorkerConfig
@@ -47,7 +45,7 @@ class Incidents:
 
     _plan: EpochPlan
     _iterable_style: bool
-    _threads: bool
+    _kind: WorkerKind
     _group: WorkerGroup
     _workers: list[WorkerHandle]
     _channel: Channel
@@ -71,20 +69,7 @@ class Incidents:
         doing (see :mod:`ferry._engine.stall`)."""
         assert self._stall is not None
         holding = self._schedule.holding()
-        if self._threads:
-            self._stacks = thread_stacks(self._workers, holding)
-        else:
-            self._stacks = {}
-            for worker_id in holding:
-                with contextlib.suppress(OSError):
-                    self._workers[worker_id].send(StackRequest())
-            deadline = time.monotonic() + STACK_REPLY_TIMEOUT
-            while set(holding) - self._stacks.keys():
-                left = deadline - time.monotonic()
-                got = self._poll(left) if left > 0 else None
-                if got is None:
-                    break
-                self._handle(*got)  # a Stack is stored in self._stacks
+        self._stacks = self._kind.stacks(self._workers, holding, self._stack_answers)
         message = stall_message(
             waited=waited,
             limit=self._stall,
@@ -99,6 +84,19 @@ class Incidents:
             iterable=self._iterable_style,
         )
         warn_from_user_code(message, StallWarning)
+
+    def _stack_answers(self, asked: list[int]) -> dict[int, Stack]:
+        """The :class:`Stack` messages of the process workers ``asked``, as they come within
+        ``STACK_REPLY_TIMEOUT`` (a worker whose reader thread is stuck too says nothing)."""
+        self._stacks = {}
+        deadline = time.monotonic() + STACK_REPLY_TIMEOUT
+        while set(asked) - self._stacks.keys():
+            left = deadline - time.monotonic()
+            got = self._poll(left) if left > 0 else None
+            if got is None:
+                break
+            self._handle(*got)  # a Stack is stored in self._stacks
+        return self._stacks
 
     def _starting_for(self, worker_id: int) -> float | None:
         """Seconds since worker ``worker_id`` was started, if it has not said it is ready."""
@@ -130,8 +128,8 @@ class Incidents:
         thread, which dies only of a bug of ours), raise :class:`WorkerDied`."""
         died = self._died(dead)
         limit = self._plan.failures.max_worker_restarts
-        if self._threads or self._restarts >= limit:
-            if limit and not self._threads:
+        if not self._kind.replaceable or self._restarts >= limit:
+            if limit and self._kind.replaceable:
                 add_note(died, f"(max_worker_restarts={limit}: {self._restarts} restarts used)")
             raise died from None
         self._restarts += 1
@@ -145,8 +143,7 @@ class Incidents:
             replay=(),  # (the keys since its snapshot are not kept: it resumes at the snapshot)
             parent_pid=os.getpid(),
         )
-        context = self._plan.multiprocessing_context or multiprocessing.get_context()
-        new = replace_process(self._group, config, context)
+        new = self._kind.replace(self._group, config, self._plan)
         self._workers = self._group.workers
         self._channel.replaced(dead, new)
         unfinished = self._schedule.unfinished(worker_id)

@@ -19,7 +19,6 @@ exit, through ``weakref.finalize``.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 import weakref
@@ -28,29 +27,27 @@ from typing import Any
 
 from typing_extensions import assert_never
 
-from ferry._core.info import check_thread_sharding, publish_threads_to_torch
 from ferry._core.memory import anon_bytes, growth_verdict, resident_anon_bytes
 from ferry._core.ranks import process_group_rank_world
 from ferry._engine.aio import AsyncReads, is_async_dataset
-from ferry._engine.channels import WorkerGone, WorkerMessage, open_channel
+from ferry._engine.channels import WorkerGone, WorkerMessage
 from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor, run_numbers
 from ferry._engine.failures import SkipBudget
 from ferry._engine.fetch import DROPPED
 from ferry._engine.group import (
     WorkerGroup,
-    start_processes,
-    start_threads,
 )
 from ferry._engine.incidents import Incidents
 from ferry._engine.iterator import LoaderIterator
 from ferry._engine.keys import stateful_part
+from ferry._engine.kinds import ProcessWorkers, ThreadWorkers, worker_kind
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
 from ferry._engine.reads import POOL_LIMIT, SampleReads, WaitJudge
 from ferry._engine.schedule import Scheduler, TaskId
 from ferry._engine.shm import available_memory
-from ferry._engine.slabfile import DescriptorLimitReached, named_slabs
+from ferry._engine.slabfile import DescriptorLimitReached
 from ferry._engine.track import Delivery
 from ferry._engine.worker import WorkerConfig
 from ferry.errors import (
@@ -89,7 +86,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         # Which worker makes which batch and which is handed out next (no transport).
         self._schedule = Scheduler(plan.num_workers, plan.prefetch_factor, plan.in_order)
         self._timeout = plan.timeout
-        self._threads = plan.worker_type == "thread"
+        self._kind = worker_kind(plan.worker_type)  # how its workers start, talk, are replaced
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.shutdown)
         self._fatal: BaseException | None = None
@@ -102,13 +99,13 @@ class WorkerIterator(Incidents, LoaderIterator):
         # keeps the keys it fetched since its last snapshot (fetched again on resume), and its
         # states as each epoch begins (see WorkerCursor.since).
         self._replays = (
-            not self._threads and not plan.iterable_style and stateful_part(plan.dataset)
+            self._kind.copies_dataset and not plan.iterable_style and stateful_part(plan.dataset)
         )
         # num_workers="auto": process workers whose reads wait give way to threads (see
         # _become_threads); the first batches' wall and CPU seconds decide.
         self._judge_waiting = (
             plan.threads_if_waiting
-            and not self._threads
+            and isinstance(self._kind, ProcessWorkers)
             and not plan.iterable_style
             and not self._replays
             and not stateful_part(plan.dataset)
@@ -128,15 +125,15 @@ class WorkerIterator(Incidents, LoaderIterator):
     def _start_group(self) -> None:
         """Start the workers for the epoch just opened (each at its position), and begin it."""
         plan = self._plan
-        named = not self._threads and named_slabs()
+        named = self._kind.slabs_by_name()
         self._group.named_slabs = named
         if not plan.iterable_style and self._group.reads is None:
             # Thread workers share per-sample reads; an async dataset's workers, processes too,
             # read on an event loop (aio.py; a process worker's is its own, made there).
             if is_async_dataset(plan.dataset):
                 self._group.reads = AsyncReads()
-            elif self._threads:
-                self._group.reads = SampleReads()
+            else:
+                self._group.reads = self._kind.shared_reads()
         recovered = self._track.keys.take_recovered()
         configs = [
             WorkerConfig(
@@ -153,7 +150,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                 rank_world=process_group_rank_world(),
                 resume=self.worker_resume(i),
                 snapshot_every=plan.snapshot_every,
-                track_rng=not self._threads,
+                track_rng=self._kind.tracks_rng,
                 named_slabs=named,
                 skip=plan.failures.skip,
                 replay=self._replay(i, recovered),
@@ -164,21 +161,13 @@ class WorkerIterator(Incidents, LoaderIterator):
             for i in range(self._num_workers)
         ]
         self._configs = configs
-        if self._threads:
-            if plan.iterable_style:
-                check_thread_sharding(plan.dataset)
-            publish_threads_to_torch()
         try:
-            if self._threads:
-                start_threads(self._group, configs, plan)
-            else:
-                context = plan.multiprocessing_context or multiprocessing.get_context()
-                start_processes(self._group, configs, context)
+            self._kind.start(self._group, configs, plan)
         except BaseException:
             self._finalizer()
             raise
         self._workers = self._group.workers
-        self._channel = open_channel(self._group, self._threads)
+        self._channel = self._kind.channel(self._group)
         self._begin_epoch()
         if any(config.replay for config in configs):
             self._await_states()  # the cursors hold keys that are not saved: replace them now
@@ -269,6 +258,9 @@ class WorkerIterator(Incidents, LoaderIterator):
             index, key = next(self._track.keys)
         except StopIteration:
             self._keys_done = True
+            # The slabs the main process lets go of from now on are retired, not kept for
+            # tasks that will not come this epoch (a worker with nothing left keeps no GBs).
+            self._channel.no_more_tasks()
             return
         finally:
             stats.sampler += time.perf_counter() - start
@@ -320,7 +312,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._plan = replace(self._plan, worker_type="thread")
         self._track.plan = self._plan
         self._track.switched = why
-        self._threads = True
+        self._kind = ThreadWorkers()
         self._judge_waiting = False
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.shutdown)
@@ -342,14 +334,13 @@ class WorkerIterator(Incidents, LoaderIterator):
             for config in self._configs
         ]
         self._configs = configs
-        publish_threads_to_torch()
         try:
-            start_threads(self._group, configs, self._plan)
+            self._kind.start(self._group, configs, self._plan)
         except BaseException as exc:
             self._fail(exc)
             raise
         self._workers = self._group.workers
-        self._channel = open_channel(self._group, True)
+        self._channel = self._kind.channel(self._group)
         for task_id in self._schedule.reassign_all(keep_made):
             task = self._schedule.tasks[task_id]
             self._channel.send_task(self._workers[task.worker_id], task_id, task.key)

@@ -1,0 +1,145 @@
+"""The two kinds of workers, each one object that knows how its workers start, are replaced,
+say what they are doing, and talk to the main process: chosen once per iterator
+(:func:`worker_kind`), so the engine asks the kind instead of testing a flag.
+
+* :class:`ProcessWorkers`: one process each, started with the loader's multiprocessing context;
+  batches come back through shared-memory slabs (by name under torch's ``file_system`` sharing
+  strategy); each worker seeds and reports its own generators; a dead one can be replaced
+  (``max_worker_restarts``); a stuck one says its stack when asked (its reader thread answers).
+* :class:`ThreadWorkers`: one thread each in the main process, sharing the dataset, its
+  generators and one pool of per-sample reads; batches are handed over as they are; a thread
+  dies only of a bug of ferry's, so it is never replaced; its stack is read from here.
+
+The teardown of both is :meth:`ferry._engine.group.WorkerGroup.shutdown`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+from collections.abc import Callable
+
+from ferry._core.info import check_thread_sharding, publish_threads_to_torch
+from ferry._engine.channels import Channel, ProcessChannel, ThreadChannel
+from ferry._engine.group import (
+    WorkerGroup,
+    WorkerHandle,
+    replace_process,
+    start_processes,
+    start_threads,
+)
+from ferry._engine.messages import Stack, StackRequest
+from ferry._engine.plan import EpochPlan
+from ferry._engine.reads import SampleReads
+from ferry._engine.slabfile import named_slabs
+from ferry._engine.stall import thread_stacks
+from ferry._engine.worker import WorkerConfig
+
+__all__ = ["ProcessWorkers", "ThreadWorkers", "WorkerKind", "worker_kind"]
+
+
+class WorkerKind:
+    """What differs between process and thread workers (see the module docstring)."""
+
+    name = ""
+    # Each worker reports (and, on resume, restores) its own generators: processes have
+    # their own; thread workers draw from the main process's, which are the user's.
+    tracks_rng = False
+    # A worker that died can be started again in its place.
+    replaceable = False
+    # Each worker holds its own copy of the dataset (a state of the dataset's own moves with
+    # the worker, and is replayed on resume: see WorkerCursor.since).
+    copies_dataset = False
+
+    def slabs_by_name(self) -> bool:
+        """Whether batches travel in named shared-memory files (torch's ``file_system``)."""
+        return False
+
+    def shared_reads(self) -> SampleReads | None:
+        """The pool of per-sample reads every worker of the group shares, if any."""
+        return None
+
+    def start(self, group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPlan) -> None:
+        raise NotImplementedError
+
+    def channel(self, group: WorkerGroup) -> Channel:
+        raise NotImplementedError
+
+    def replace(self, group: WorkerGroup, config: WorkerConfig, plan: EpochPlan) -> WorkerHandle:
+        """Start a worker in the place of ``config.worker_id``, which died."""
+        raise NotImplementedError(f"{self.name} workers are not replaced")
+
+    def stacks(
+        self,
+        workers: list[WorkerHandle],
+        holding: list[int],
+        answers: Callable[[list[int]], dict[int, Stack]],
+    ) -> dict[int, Stack]:
+        """What workers ``holding`` are doing (for a stall report); ``answers`` waits for
+        the :class:`Stack` messages of the workers asked."""
+        raise NotImplementedError
+
+
+class ProcessWorkers(WorkerKind):
+    name = "process"
+    tracks_rng = True
+    replaceable = True
+    copies_dataset = True
+
+    def slabs_by_name(self) -> bool:
+        return named_slabs()
+
+    def start(self, group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPlan) -> None:
+        start_processes(group, configs, _context(plan))
+
+    def channel(self, group: WorkerGroup) -> Channel:
+        return ProcessChannel(group)
+
+    def replace(self, group: WorkerGroup, config: WorkerConfig, plan: EpochPlan) -> WorkerHandle:
+        return replace_process(group, config, _context(plan))
+
+    def stacks(
+        self,
+        workers: list[WorkerHandle],
+        holding: list[int],
+        answers: Callable[[list[int]], dict[int, Stack]],
+    ) -> dict[int, Stack]:
+        # The worker's reader thread answers, while its main thread may be the one stuck.
+        for worker_id in holding:
+            with contextlib.suppress(OSError):
+                workers[worker_id].send(StackRequest())
+        return answers(holding)
+
+
+class ThreadWorkers(WorkerKind):
+    name = "thread"
+
+    def shared_reads(self) -> SampleReads | None:
+        return SampleReads()
+
+    def start(self, group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPlan) -> None:
+        if plan.iterable_style:
+            check_thread_sharding(plan.dataset)
+        publish_threads_to_torch()
+        start_threads(group, configs, plan)
+
+    def channel(self, group: WorkerGroup) -> Channel:
+        return ThreadChannel(group)
+
+    def stacks(
+        self,
+        workers: list[WorkerHandle],
+        holding: list[int],
+        answers: Callable[[list[int]], dict[int, Stack]],
+    ) -> dict[int, Stack]:
+        return thread_stacks(workers, holding)  # (read from here: they share this process)
+
+
+def worker_kind(worker_type: str) -> WorkerKind:
+    """The kind of workers ``worker_type`` ("process" or "thread") names."""
+    return ThreadWorkers() if worker_type == "thread" else ProcessWorkers()
+
+
+def _context(plan: EpochPlan) -> multiprocessing.context.BaseContext:
+    """The loader's multiprocessing context, or the default one."""
+    return plan.multiprocessing_context or multiprocessing.get_context()
