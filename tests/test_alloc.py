@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from compat.strategies import TORCH_DTYPES
+from _support.strategies import TORCH_DTYPES
 from ferry._core.alloc import BufferPool, active_allocator, batch_empty, using_allocator
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")

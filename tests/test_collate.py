@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from torch.utils.data._utils import collate as torch_collate
 
 import ferry
-from compat.helpers import (
+from _support.compare import (
     HYPOTHESIS,
     MODULES,
     Raised,
@@ -31,7 +31,7 @@ from compat.helpers import (
     differential,
     outcome,
 )
-from compat.strategies import (
+from _support.strategies import (
     NUMPY_DTYPES,
     TORCH_DTYPES,
     FixedRow,

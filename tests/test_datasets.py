@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ferry
-from compat.helpers import (
+from _support.compare import (
     HYPOTHESIS,
     MODULES,
     DuckGetitems,

@@ -18,7 +18,7 @@ import torch
 import torch.utils.data as tud
 
 import ferry
-from compat.helpers import (
+from _support.compare import (
     MODULES,
     Raised,
     assert_same,

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ferry
-from compat.helpers import HYPOTHESIS, MODULES, Raised, assert_same_outcome, outcome
+from _support.compare import HYPOTHESIS, MODULES, Raised, assert_same_outcome, outcome
 from ferry.samplers import index_batches, index_chunks
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")

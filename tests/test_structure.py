@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data._utils.collate import default_convert as torch_default_convert
 
-from compat.helpers import HYPOTHESIS, assert_same
-from compat.strategies import (
+from _support.compare import HYPOTHESIS, assert_same
+from _support.strategies import (
     CONTAINERS,
     FixedRow,
     FrozenMapping,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from compat.helpers import Raised, assert_same, assert_same_outcome, outcome
+from _support.compare import Raised, assert_same, assert_same_outcome, outcome
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 

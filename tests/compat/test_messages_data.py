@@ -16,7 +16,7 @@ from torch.utils.data._utils.collate import collate as torch_collate
 from torch.utils.data._utils.worker import WorkerInfo as TorchWorkerInfo
 
 import ferry
-from compat.helpers import DuckStream, map_dataset, stream_dataset
+from _support.compare import DuckStream, map_dataset, stream_dataset
 from compat.phrases import Case, check, params
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
@@ -429,7 +429,7 @@ COLLATE = [
         for label, batch, found in [
             ("object", [object(), object()], "<class 'object'>"),
             ("none", [None, None], "<class 'NoneType'>"),
-            ("nested", [{"a": (1, DuckStream([]))}] * 2, "<class 'compat.helpers.DuckStream'>"),
+            ("nested", [{"a": (1, DuckStream([]))}] * 2, "<class '_support.compare.DuckStream'>"),
             ("numpy_object", [np.array([None], dtype=object)] * 2, "object"),
             ("numpy_str", [np.array(["a"])] * 2, "<U1"),
             ("numpy_str_scalar", [np.array("a")] * 2, "<U1"),

@@ -14,9 +14,9 @@ from unittest import mock
 import pytest
 import torch
 
-from compat.helpers import stream_dataset
+from _support import datasets as ds
+from _support.compare import stream_dataset
 from compat.phrases import Case, check, params
-from workers import datasets as ds
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 

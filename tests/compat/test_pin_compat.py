@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
-from compat.helpers import HYPOTHESIS, assert_same
-from compat.strategies import CONTAINERS, Pair, Record, build_container
+from _support.compare import HYPOTHESIS, assert_same
+from _support.strategies import CONTAINERS, Pair, Record, build_container
 from ferry._engine.pin import pin_batch
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ranks import PYTHON, run_ranks, stop
+from _support.ranks import PYTHON, run_ranks, stop
 
 RANK_MAIN = Path(__file__).with_name("_rank_main.py")
 REPO = Path(__file__).resolve().parents[2]

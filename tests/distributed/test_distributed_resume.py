@@ -32,8 +32,8 @@ import pytest
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 import ferry
+from _support.ranks import PYTHON, run_ranks
 from distributed._resume_rank_main import Indices
-from ranks import PYTHON, run_ranks
 
 SEED = 5
 EPOCH = 2  # the epoch saved mid-way: not 0, so a resume that forgets it shows

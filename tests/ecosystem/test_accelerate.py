@@ -36,7 +36,7 @@ from accelerate.state import AcceleratorState, GradientState
 
 import ferry
 import ferry.accelerate
-from ranks import PYTHON, run_ranks
+from _support.ranks import PYTHON, run_ranks
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 

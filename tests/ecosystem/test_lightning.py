@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import torch
 
+from _support.ranks import PYTHON, run_ranks
 from ecosystem._lightning_programs import (
     BATCH,
     EVAL_ROWS,
@@ -35,7 +36,6 @@ from ecosystem._lightning_programs import (
     TRAIN_ROWS,
     seen_indices,
 )
-from ranks import PYTHON, run_ranks
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 

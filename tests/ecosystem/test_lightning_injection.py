@@ -31,8 +31,8 @@ from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.data import _is_dataloader_shuffled, _update_dataloader
 
 import ferry
+from _support.ranks import PYTHON, run_ranks
 from ecosystem._injection import VARIANTS, describe
-from ranks import PYTHON, run_ranks
 
 pytestmark = [
     pytest.mark.usefixtures("guard_global_state"),

@@ -1,5 +1,5 @@
-"""Fixtures of the fault tests: see :mod:`workers.fixtures`."""
+"""Fixtures of the fault tests: see :mod:`_support.fixtures`."""
 
-from workers.fixtures import kind, no_leftovers
+from _support.fixtures import kind, no_leftovers
 
 __all__ = ["kind", "no_leftovers"]

@@ -11,8 +11,8 @@ import time
 import pytest
 
 import ferry
-from workers import datasets as ds
-from workers.support import Kind, descendants, poll, reaped, worker_pids
+from _support import datasets as ds
+from _support.processes import Kind, descendants, poll, reaped, worker_pids
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

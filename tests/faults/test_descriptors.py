@@ -36,11 +36,11 @@ import pytest
 import torch
 
 import ferry
+from _support import datasets as ds
+from _support.processes import exited, open_fds, poll, shared_mapping_of
 from ferry._engine import shm
 from ferry._engine.slabfile import DescriptorLimitReached
 from ferry.errors import WorkerDied
-from workers import datasets as ds
-from workers.support import exited, open_fds, poll, shared_mapping_of
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -376,10 +376,10 @@ KILLED_MAIN = """
     import ferry
 
     sys.path.insert(0, sys.argv[2])
-    from workers.datasets import Blocks  # importable: forkserver workers unpickle it
+    from _support.datasets import Blocks  # importable: forkserver workers unpickle it
 
     if __name__ == "__main__":
-        multiprocessing.set_forkserver_preload(["torch", "ferry", "workers.datasets"])
+        multiprocessing.set_forkserver_preload(["torch", "ferry", "_support.datasets"])
         torch.multiprocessing.set_sharing_strategy("file_system")
         iterator = iter(ferry.DataLoader(
             Blocks(64, (1 << 16,)), batch_size=4, num_workers=2,

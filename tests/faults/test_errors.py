@@ -14,9 +14,9 @@ import pytest
 import torch.utils.data as tud
 
 import ferry
-from compat.helpers import assert_same_outcome, outcome
-from workers import datasets as ds
-from workers.support import FAST, Kind, descendants, worker_pids
+from _support import datasets as ds
+from _support.compare import assert_same_outcome, outcome
+from _support.processes import FAST, Kind, descendants, worker_pids
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -74,7 +74,7 @@ def test_getitem_error(kind: Kind) -> None:
             "in __getitem__",
             "in explode_in_getitem",
             'raise Boom(f"boom at index {index}")',
-            "workers.datasets.Boom: boom at index 5",
+            "_support.datasets.Boom: boom at index 5",
         ),
     )
     # As in torch, the epoch goes on after the failed batch.

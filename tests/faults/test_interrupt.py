@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 import ferry
+from _support import datasets as ds
+from _support.processes import exited
 from ferry._engine import group
-from workers import datasets as ds
-from workers.support import exited
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import ferry
-from workers import datasets as ds
-from workers.support import FAST, Kind, descendants, open_fds, poll
+from _support import datasets as ds
+from _support.processes import FAST, Kind, descendants, open_fds, poll
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from _support.processes import open_fds
 from ferry._engine import shm
-from workers.support import open_fds
 
 GUIDANCE = ("shared memory", "batch_size", "num_workers", "prefetch_factor", "worker_type='thread'")
 

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import ferry
-from workers import datasets as ds
-from workers.support import FAST, Kind, descendants, exited, ferry_threads, poll, reaped
+from _support import datasets as ds
+from _support.processes import FAST, Kind, descendants, exited, ferry_threads, poll, reaped
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -271,7 +271,7 @@ def orphan_script(method: str) -> str:
     return f"""
 import json, os, sys, time
 import ferry
-from workers import datasets as ds
+from _support import datasets as ds
 
 if __name__ == "__main__":
     # Worker 0 gets index 0 then 2 (blocks); worker 1 gets index 1 and then has nothing to do.

@@ -10,8 +10,8 @@ import time
 import pytest
 
 import ferry
-from workers import datasets as ds
-from workers.support import FAST, Kind, poll, reaped, worker_pids
+from _support import datasets as ds
+from _support.processes import FAST, Kind, poll, reaped, worker_pids
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

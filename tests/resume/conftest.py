@@ -1,6 +1,6 @@
-"""Fixtures of the resume tests: see :mod:`workers.fixtures` (every worker process and thread a
+"""Fixtures of the resume tests: see :mod:`_support.fixtures` (every worker process and thread a
 test starts must be gone after it; global state is guarded)."""
 
-from workers.fixtures import kind, no_leftovers
+from _support.fixtures import kind, no_leftovers
 
 __all__ = ["kind", "no_leftovers"]

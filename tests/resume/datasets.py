@@ -1,4 +1,4 @@
-"""Datasets, samplers and helpers of the resume tests.
+"""Datasets and samplers of the resume tests.
 
 Everything here is module level so spawn and forkserver workers can unpickle it (by reference
 to ``resume.datasets``). Datasets that count what they produce keep their counters on the
@@ -16,25 +16,6 @@ import numpy as np
 import torch
 
 import ferry
-
-# -- comparing batches ---------------------------------------------------------------------------
-
-
-def canon(value: Any) -> Any:
-    """A hashable, exact description of a batch (types, dtypes, shapes and values kept), so
-    batches can be compared for equality and counted in multisets."""
-    if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), tuple(value.flatten().tolist()))
-    if isinstance(value, np.ndarray):
-        return ("ndarray", str(value.dtype), value.shape, tuple(value.flatten().tolist()))
-    if isinstance(value, dict):
-        return ("dict", tuple((k, canon(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(canon(v) for v in value))
-    if isinstance(value, float):
-        return ("float", value.hex())
-    return (type(value).__name__, value)
-
 
 # -- map-style datasets --------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 The oracle is always an uninterrupted run of a loader built the same way. "A new process" is
 simulated by a fresh loader (fresh dataset, sampler and generators, the generators seeded with
-other seeds) loading the state after a JSON (or ``torch.save``) round trip.
+other seeds) loading the state after a JSON (or ``torch.save``) round trip: the common case is
+:func:`_support.resume.assert_resumes_exactly`.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import pytest
 import torch
 
 import ferry
+from _support.compare import canon
+from _support.processes import PROCESSES, Kind
+from _support.resume import assert_resumes_exactly
 from resume import datasets as rd
-from resume.datasets import canon
-from workers.support import PROCESSES, Kind
 
 # A loader resumed with num_workers=3 on a 2-CPU machine warns about the CPU count, in torch's
 # phrase (the worker count is what these tests vary, not a mistake).
@@ -266,25 +268,17 @@ def test_torch_save_and_weights_only_load_round_trip() -> None:
             multiprocessing_context="fork",
         )
 
-    reference = epochs(make(1), 2)
-    loader = make(1)
-    iterator = iter(loader)
-    delivered = take(iterator, 3)
-    state = loader.state_dict()
-    del iterator
+    def through_torch_save(state: dict[str, Any]) -> dict[str, Any]:
+        buffer = io.BytesIO()
+        torch.save({"loader": state}, buffer)
+        buffer.seek(0)
+        loaded: dict[str, Any] = torch.load(buffer, weights_only=True)["loader"]
+        assert loaded == state
+        return loaded
+
+    run = assert_resumes_exactly(make, at=3, epochs=2, round_trip=through_torch_save)
     # The workers' generators (they drew augmentations) are part of the state.
-    assert all(worker["rng"] is not None for worker in state["workers"])
-
-    buffer = io.BytesIO()
-    torch.save({"loader": state}, buffer)
-    buffer.seek(0)
-    loaded = torch.load(buffer, weights_only=True)["loader"]
-    assert loaded == state
-
-    fresh = make(2)
-    fresh.load_state_dict(loaded)
-    assert delivered + epoch_of(iter(fresh)) == reference[0]
-    assert epoch_of(iter(fresh)) == reference[1]
+    assert all(worker["rng"] is not None for worker in run.state["workers"])
 
 
 # -- the global RNG ------------------------------------------------------------------------------
@@ -401,14 +395,9 @@ def test_stateful_sampler_state_after_last_batch_keeps_the_epoch_boundary(drop_l
             multiprocessing_context="fork",
         )
 
-    reference = epochs(make(1), 3)
-    loader = make(1)
-    iterator = iter(loader)
-    take(iterator, len(loader))
-    state = round_trip(loader.state_dict())
-    del iterator
+    run = assert_resumes_exactly(make, at=len(make(1)), epochs=3)
     # The resumed iterator ends epoch 0 without a batch; then epochs 1 and 2 as they were.
-    assert resumed_epochs(make(2), state, 3) == [[], *reference[1:]]
+    assert run.rest[0] == []
 
 
 @pytest.mark.timeout(30)
@@ -421,19 +410,8 @@ def test_sampler_with_stateful_iterator(batch_size: int | None) -> None:
             rd.Ints(9), batch_size=batch_size, sampler=rd.IterStatefulShuffler(9, 7)
         )
 
-    reference = epochs(make(), 3)
-    loader = make()
-    epochs(loader, 1)
-    iterator = iter(loader)
-    delivered = take(iterator, 2)
-    state = round_trip(loader.state_dict())
-    del iterator
-    assert state["epoch"]["keys"]["kind"] == "stateful"
-
-    fresh = make()
-    fresh.load_state_dict(state)
-    assert delivered + epoch_of(iter(fresh)) == reference[1]
-    assert epoch_of(iter(fresh)) == reference[2]
+    run = assert_resumes_exactly(lambda seed: make(), in_epoch=1, at=2, epochs=2)
+    assert run.state["epoch"]["keys"]["kind"] == "stateful"
 
 
 @pytest.mark.timeout(30)
@@ -444,16 +422,10 @@ def test_stateless_user_sampler_is_fast_forwarded() -> None:
             rd.Ints(9), batch_size=2, sampler=rd.FixedOrder(9), num_workers=workers, **options
         )
 
-    reference = epochs(make(0), 2)
-    loader = make(0)
-    iterator = iter(loader)
-    delivered = take(iterator, 3)
-    state = round_trip(loader.state_dict())
-    del iterator
-    assert state["epoch"]["keys"]["kind"] == "skip"
-    fresh = make(2)
-    got = resumed_epochs(fresh, state, 2)
-    assert [delivered + got[0], got[1]] == reference
+    run = assert_resumes_exactly(
+        lambda seed: make(0), resume_with=lambda seed: make(2), at=3, epochs=2
+    )
+    assert run.state["epoch"]["keys"]["kind"] == "skip"
 
 
 # -- out of order --------------------------------------------------------------------------------
@@ -605,17 +577,9 @@ def test_sharded_stream_resumes_with_the_same_worker_count(dataset: str) -> None
         data = rd.Stream(15) if dataset == "stateless" else rd.StatefulStream(15)
         return ferry.DataLoader(data, batch_size=2, num_workers=2, multiprocessing_context="fork")
 
-    reference = epochs(make(), 2)
-    loader = make()
-    iterator = iter(loader)
-    delivered = take(iterator, 3)
-    state = round_trip(loader.state_dict())
-    del iterator
-    fresh = make()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        got = resumed_epochs(fresh, state, 2)
-    assert [delivered + got[0], got[1]] == reference
+        warnings.simplefilter("ignore", UserWarning)  # (a stateless stream is replayed)
+        assert_resumes_exactly(lambda seed: make(), at=3, epochs=2)
 
 
 @pytest.mark.timeout(30)
@@ -702,18 +666,10 @@ def test_map_style_dataset_with_state_needs_the_same_worker_count() -> None:
             multiprocessing_context="fork",
         )
 
-    reference = epochs(make(1, 2), 2)
-    loader = make(1, 2)
-    iterator = iter(loader)
-    delivered = take(iterator, 3)
-    state = round_trip(loader.state_dict())
-    del iterator
-
-    with pytest.raises(ValueError, match=r"num_workers=2.*num_workers=1"):
-        make(2, 1).load_state_dict(state)
     # The same count resumes each worker's dataset state: the fetch counts go on.
-    got = resumed_epochs(make(2, 2), state, 2)
-    assert [delivered + got[0], got[1]] == reference
+    run = assert_resumes_exactly(lambda seed: make(seed, 2), at=3, epochs=2)
+    with pytest.raises(ValueError, match=r"num_workers=2.*num_workers=1"):
+        make(2, 1).load_state_dict(run.state)
 
 
 # -- persistent workers and start methods --------------------------------------------------------
@@ -779,19 +735,12 @@ def test_each_start_method_restores_worker_generators(kind: Kind) -> None:
             **options,
         )
 
-    fork = {"multiprocessing_context": "fork"}
-    reference_loader = make(1, fork)
-    reference = epochs(reference_loader, 2)
-    stop(reference_loader)
-    loader = make(1, fork)
-    iterator = iter(loader)
-    delivered = take(iterator, 2)
-    state = round_trip(loader.state_dict())
-    del iterator
-    stop(loader)
-
-    got = resumed_epochs(make(2, kind.kwargs), state, 2)
-    assert [delivered + got[0], got[1]] == reference
+    assert_resumes_exactly(
+        lambda seed: make(seed, {"multiprocessing_context": "fork"}),
+        resume_with=lambda seed: make(seed, kind.kwargs),
+        at=2,
+        epochs=2,
+    )
 
 
 # -- refused states ------------------------------------------------------------------------------

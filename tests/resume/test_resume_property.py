@@ -41,7 +41,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import ferry
-from compat.helpers import HYPOTHESIS
+from _support.compare import HYPOTHESIS, canon
 from resume import datasets as rd
 
 EPOCHS = 3
@@ -249,7 +249,7 @@ def globals_kept() -> Iterator[None]:
 
 
 def epoch_of(iterator: Iterator[Any]) -> list[Any]:
-    return [rd.canon(batch) for batch in iterator]
+    return [canon(batch) for batch in iterator]
 
 
 def stop_workers(loader: ferry.DataLoader[Any]) -> None:
@@ -304,7 +304,7 @@ def run_property(config: Config) -> None:
     saved_globals = capture_globals()
     if not config.before_iter:
         iterator = iter(loader)
-        delivered = [rd.canon(next(iterator)) for _ in range(config.stop)]
+        delivered = [canon(next(iterator)) for _ in range(config.stop)]
         if config.exhaust:
             assert next(iterator, None) is None
         del iterator

@@ -78,7 +78,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from compat.helpers import HYPOTHESIS
+from _support.compare import HYPOTHESIS
 from resume import sdl_programs as sp
 from resume.sdl_programs import TORCH_RANDOM, Outcome, SavePoint, Setup
 

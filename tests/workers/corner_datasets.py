@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch.utils.data as tud
 
-from workers.datasets import any_worker_info
+from _support.datasets import any_worker_info
 
 
 class InitFailed(Exception):

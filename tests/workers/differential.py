@@ -16,8 +16,8 @@ import torch
 import torch.utils.data as tud
 
 import ferry
-from compat.helpers import Raised, assert_same_outcome, outcome
-from workers.support import Kind
+from _support.compare import Raised, assert_same_outcome, outcome
+from _support.processes import Kind
 
 Build = Callable[[Any], tuple[Any, dict[str, Any]]]
 """``build(module) -> (dataset, loader kwargs)``, called once per library with ``tud`` or

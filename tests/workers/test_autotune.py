@@ -19,12 +19,12 @@ import torch
 import torch.utils.data as tud
 
 import ferry
-from compat.helpers import assert_same
+from _support import datasets as ds
+from _support.compare import assert_same
+from _support.processes import FAST, Kind, exited, poll, worker_pids
 from ferry._engine import autotune
 from ferry._engine.autotune import Tuner
 from ferry.stats import LoaderStats, WorkerStats
-from workers import datasets as ds
-from workers.support import FAST, Kind, exited, poll, worker_pids
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

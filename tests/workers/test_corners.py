@@ -24,11 +24,11 @@ import pytest
 import torch.utils.data as tud
 
 import ferry
+from _support import datasets as ds
+from _support.processes import Kind, descendants, ferry_threads, reaped
 from ferry._engine.group import WorkerHandle
 from ferry.errors import WorkerDied
 from workers import corner_datasets as cd
-from workers import datasets as ds
-from workers.support import Kind, descendants, ferry_threads, reaped
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ferry
-from compat.helpers import HYPOTHESIS, assert_same
-from workers import datasets as ds
+from _support import datasets as ds
+from _support.compare import HYPOTHESIS, assert_same
+from _support.processes import ALL, FAST, Kind
 from workers.differential import Build, compare
-from workers.support import ALL, FAST, Kind
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

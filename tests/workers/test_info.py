@@ -18,8 +18,8 @@ import torch
 import torch.utils.data as tud
 
 import ferry
-from workers import datasets as ds
-from workers.support import FAST, PROCESSES, Kind, worker_pids
+from _support import datasets as ds
+from _support.processes import FAST, PROCESSES, Kind, worker_pids
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -27,7 +27,7 @@ NUM_WORKERS = 2
 
 
 def probe(module: Any, n: int, generator_seed: int | None, **kwargs: Any) -> list[dict[str, Any]]:
-    """Every sample of a :class:`~workers.datasets.Probe` (batching off, in index order)."""
+    """Every sample of a :class:`~_support.datasets.Probe` (batching off, in index order)."""
     generator = None if generator_seed is None else torch.Generator().manual_seed(generator_seed)
     loader = module.DataLoader(
         ds.Probe(n, module.get_worker_info),

@@ -13,9 +13,9 @@ import torch.multiprocessing
 import torch.utils.data as tud
 
 import ferry
-from compat.helpers import Raised, assert_same_outcome, outcome
-from workers import datasets as ds
-from workers.support import FAST, Kind, descendants, exited, poll, worker_pids
+from _support import datasets as ds
+from _support.compare import Raised, assert_same_outcome, outcome
+from _support.processes import FAST, Kind, descendants, exited, poll, worker_pids
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

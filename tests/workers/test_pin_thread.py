@@ -36,10 +36,11 @@ import torch.utils.data as tud
 import ferry
 import ferry._engine.pin as pin_module
 import ferry.loader
-from compat.helpers import assert_same
+from _support import datasets as ds
+from _support.compare import assert_same
+from _support.processes import FAST, Kind, ferry_threads, poll
+from _support.resume import assert_resumes_exactly
 from ferry._engine.pin import Pinner
-from workers import datasets as ds
-from workers.support import FAST, Kind, ferry_threads, poll
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -237,16 +238,10 @@ def test_a_resumed_epoch_ignores_batches_pinned_ahead(kind: Kind, fake: FakePinn
             **kind.kwargs,
         )
 
-    whole = [b.tolist() for b in loader()]
-    first = loader()
-    iterator = iter(first)
-    head = [next(iterator).tolist() for _ in range(5)]
-    time.sleep(0.2)  # the rest of the prefetched batches arrive and are pinned ahead
-    state = first.state_dict()
-    del iterator
-    resumed = loader()
-    resumed.load_state_dict(state)
-    assert head + [b.tolist() for b in resumed] == whole
+    def pinned_ahead(first: Any) -> None:
+        time.sleep(0.2)  # the rest of the prefetched batches arrive and are pinned ahead
+
+    assert_resumes_exactly(lambda seed: loader(), at=5, round_trip=None, before_state=pinned_ahead)
 
 
 @pytest.mark.parametrize("kind", FAST, indirect=True)

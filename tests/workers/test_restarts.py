@@ -27,10 +27,10 @@ import pytest
 import torch
 
 import ferry
+from _support.compare import canon
+from _support.processes import exited, poll, reaped, worker_pids
 from ferry.errors import WorkerDied, WorkerRestartWarning
-from resume.datasets import canon
 from workers import restart_datasets as rd
-from workers.support import exited, poll, reaped, worker_pids
 
 SEED = 1234
 NOTICE = 5.0

@@ -18,6 +18,7 @@ import torch
 import torch.utils.data as tud
 
 import ferry
+from _support.resume import assert_resumes_exactly
 from ferry._engine.reads import PARALLEL_FROM, Failed, SampleReads
 
 LATENCY = 0.004
@@ -208,15 +209,7 @@ def test_resume_mid_epoch_with_parallel_reads_is_exact() -> None:
     def loader() -> ferry.DataLoader[Any]:
         return _threads(shuffle=True, generator=torch.Generator().manual_seed(9))
 
-    whole = [b.tolist() for b in loader()]
-    first = loader()
-    iterator = iter(first)
-    head = [next(iterator).tolist() for _ in range(2)]
-    state = first.state_dict()
-    del iterator
-    resumed = loader()
-    resumed.load_state_dict(state)
-    assert head + [b.tolist() for b in resumed] == whole
+    assert_resumes_exactly(lambda seed: loader(), at=2, round_trip=None)
 
 
 @pytest.mark.timeout(60)

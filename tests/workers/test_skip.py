@@ -36,10 +36,10 @@ import torch
 import torch.utils.data as tud
 
 import ferry
+from _support.processes import worker_pids
 from ferry.errors import TooManyErrors
 from workers import corner_datasets as cd
 from workers import skip_datasets as sd
-from workers.support import worker_pids
 
 Loader = ferry.DataLoader[Any]
 

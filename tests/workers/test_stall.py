@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import ferry
+from _support.compare import canon
 from ferry.errors import StallWarning, WorkerTimeout
-from resume.datasets import canon
 from workers import restart_datasets as rd
 
 SEED = 99

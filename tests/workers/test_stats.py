@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import ferry
+from _support.processes import FAST, Kind
 from ferry.stats import LoaderStats
-from workers.support import FAST, Kind
 
 ENGINES = ("inline", *FAST)
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import ferry
-from workers import datasets as ds
-from workers.support import ferry_threads
+from _support import datasets as ds
+from _support.processes import ferry_threads
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import ferry
-from workers import datasets as ds
+from _support import datasets as ds
+from _support.processes import FAST, PROCESSES, Kind, shared_mapping_of
 from workers.differential import compare
-from workers.support import FAST, PROCESSES, Kind, shared_mapping_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
