@@ -101,6 +101,10 @@ class LoaderStats:
     # how much of making a batch was waiting (``made_per_cpu``).
     cpu_s: float = 0.0
     cpu_made_s: float = 0.0  # the fetch and collate wall seconds of the batches cpu_s measured
+    # Process workers: shared memory (slabs) mapped in the main process now (kept for reuse,
+    # under batches in flight or held by the user; 0 once the workers stopped), and at most.
+    shared_memory_bytes: int = 0
+    shared_memory_peak_bytes: int = 0
 
     @property
     def made_per_cpu(self) -> float:
@@ -193,6 +197,12 @@ class LoaderStats:
         )
         if self.hand_off_bytes:
             lines.append(f"  hand-off moved {self.hand_off_bytes / 2**20:.1f} MiB")
+        if self.shared_memory_peak_bytes:
+            lines.append(
+                f"  shared memory: {self.shared_memory_bytes / 2**20:.1f} MiB mapped now, at "
+                f"most {self.shared_memory_peak_bytes / 2**20:.1f} MiB (slabs kept for reuse and "
+                "under batches in flight or held)"
+            )
         lines.extend(self._memory_lines())
         if self.skipped:
             lines.append(f"  on_error='skip' dropped {self.skipped} samples")
@@ -247,6 +257,7 @@ class StatsRecorder:
         "reads",
         "ready",
         "sampler",
+        "shared",
         "skipped",
         "started",
         "wait",
@@ -265,6 +276,8 @@ class StatsRecorder:
         self.memory_first = [-1] * num_workers
         self.memory_latest = [-1] * num_workers
         self.reads: Any = None  # thread workers' SampleReads (ferry._engine.reads), if any
+        # Process workers' channel (ferry._engine.channels): the shared memory mapped here.
+        self.shared: Any = None
         # CPU seconds the threads that made the measured batches used making them, and the
         # wall seconds those batches took (fetch and collate): see fetch.CPU_SAMPLE.
         self.cpu = self.cpu_made = 0.0
@@ -347,4 +360,8 @@ class StatsRecorder:
             tuning=tuning,
             first_batch_s=self.first_batch,
             first_wait_s=self.first_wait,
+            shared_memory_bytes=self.shared.held_bytes() if self.shared is not None else 0,
+            shared_memory_peak_bytes=(
+                self.shared.held_peak_bytes() if self.shared is not None else 0
+            ),
         )

@@ -284,3 +284,22 @@ def test_forked_workers_keep_the_inherited_objects_out_of_their_collections() ->
     counts = [x for batch in loader for x in batch.tolist()]
     assert min(counts) > 1000  # (torch's modules alone are tens of thousands of objects)
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.timeout(60)
+def test_stats_say_how_much_shared_memory_the_loader_maps() -> None:
+    """Process workers' batches lie in shared-memory slabs mapped in the main process: stats()
+    says how much is mapped now and the most it was (issue 22: large batches, bounded slabs)."""
+    data = tud.TensorDataset(torch.zeros(64, 1 << 16))  # 256 KiB a sample: 1 MiB a batch
+    loader = ferry.DataLoader(data, batch_size=4, num_workers=2)
+    iterator = iter(loader)
+    held = [next(iterator) for _ in range(6)]
+    stats = loader.stats()
+    assert stats.shared_memory_bytes >= 6 * (1 << 20)  # (the batches the loop holds, at least)
+    assert stats.shared_memory_peak_bytes >= stats.shared_memory_bytes
+    assert "shared memory:" in str(stats)
+    del held, iterator
+    threads = ferry.DataLoader(data, batch_size=4, num_workers=2, worker_type="thread")
+    assert sum(len(batch) for (batch,) in threads) == 64
+    assert threads.stats().shared_memory_peak_bytes == 0
+    assert "shared memory:" not in str(threads.stats())

@@ -94,6 +94,11 @@ class Channel(ABC):
         kept for reuse, or under batches in flight or held by the user)."""
         return 0
 
+    def held_peak_bytes(self) -> int:
+        """The most :meth:`held_bytes` has been for each worker, summed (an upper bound of the
+        most held at once)."""
+        return 0
+
     @abstractmethod
     def _pack(self, key: Any) -> Any: ...
 
@@ -147,6 +152,10 @@ class ProcessChannel(Channel):
     def held_bytes(self) -> int:
         handles = [*self._group.workers, *self._group.replaced]
         return sum(worker.slabs.held_bytes() for worker in handles)
+
+    def held_peak_bytes(self) -> int:
+        handles = [*self._group.workers, *self._group.replaced]
+        return sum(worker.slabs.held_peak for worker in handles)
 
     def _watch(self, worker: WorkerHandle) -> None:
         assert worker.conn is not None

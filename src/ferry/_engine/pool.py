@@ -199,6 +199,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         # prefetch queue, as torch does, so RNG draws happen in the same order.
         self._keys_done = False
         self._track.stats.reads = self._group.reads  # (None but for thread workers, map-style)
+        self._track.stats.shared = self._channel  # (what the process workers' slabs hold here)
         self._schedule.begin_epoch(self._track.next_key, self._track.turn)
         self._latest = list(self._track.workers)
         self._replaced: set[int] = set()  # workers started in a dead one's place this epoch

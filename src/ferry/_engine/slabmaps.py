@@ -100,6 +100,7 @@ class SlabMaps:
         # epoch's Resume, or a task resent): freed slabs are retired (:meth:`drain`).
         self.draining = False
         self._held = 0  # bytes mapped here now, user-held batches of retired slabs included
+        self.held_peak = 0  # the most _held has been
         # Tasks the worker holds (sent, not answered), the most it has held at once, the slabs
         # its latest batch took, and the bytes of its latest batches.
         self.tasks = 0
@@ -145,6 +146,7 @@ class SlabMaps:
             if not slab.reuse:
                 self._once.add(slab.slab_id)
             self._held += slab.size
+            self.held_peak = max(self.held_peak, self._held)
         weakref.finalize(mapping, self._unmapped, slab.size)
 
     def _unmapped(self, size: int) -> None:
