@@ -28,10 +28,10 @@ import pytest
 import torch
 
 import ferry
+from _support import datasets as ds
+from _support.processes import shared_mapping_of
 from ferry._engine import shm, slabfile
 from ferry.errors import SharedMemoryWarning
-from workers import datasets as ds
-from workers.support import shared_mapping_of
 
 pytestmark = [
     pytest.mark.skipif(not shm.SLABS_SUPPORTED, reason="no memfd_create on this platform"),
@@ -142,7 +142,7 @@ SMALL_SHM = """
     from ferry.errors import SharedMemoryWarning
 
     sys.path.insert(0, sys.argv[1])
-    from workers.datasets import Blocks
+    from _support.datasets import Blocks
 
     torch.multiprocessing.set_sharing_strategy("file_system")
     # 8 MiB batches, 4 workers, prefetch_factor=4, 6 batches held at a time: well over 64 MB

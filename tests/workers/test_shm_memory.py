@@ -23,10 +23,10 @@ import pytest
 import torch
 
 import ferry
+from _support import datasets as ds
+from _support.processes import poll
 from ferry._engine import shm
 from ferry._engine.messages import NewSlab
-from workers import datasets as ds
-from workers.support import poll
 
 pytestmark = pytest.mark.skipif(not shm.SLABS_SUPPORTED, reason="no memfd_create on this platform")
 
@@ -168,11 +168,6 @@ def test_no_more_tasks_retires_what_is_freed() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the iterator to call Channel.no_more_tasks() when its keys run out "
-    "(WorkerIterator._dispatch, ferry/_engine/pool.py)",
-)
 def test_a_worker_with_nothing_left_keeps_no_freed_slab() -> None:
     """At the end of an epoch, a worker that will get no more tasks holds no slab whose batch
     the loop has dropped (its memory goes back before the epoch ends)."""
