@@ -198,6 +198,7 @@ def run_worker_loop(
     fetch, so tasks queued behind a stop request are not fetched). Shared by process and
     thread workers."""
     stage = "in worker_init_fn"
+    held = -1  # this process's memory, measured after the last batch went (see MemorySampler)
     keeper = PositionKeeper(config.dataset, config.snapshot_every, config.track_rng)
     # A worker whose set-up raised stays up and fails each of its tasks with that error, so
     # the error reaches the user at the worker's first batch, where torch raises it too.
@@ -271,10 +272,12 @@ def run_worker_loop(
                 slab.shared()
                 slab.announced = True
         used_ids = tuple(s.id for s in used)
-        held = memory.after_batch() if memory is not None else -1
         cpu, outcome = made.cpu_s, made.outcome
         send(Done(message.task, payload, used_ids, report, timing, outcome, cpu=cpu, memory=held))
         slabs.handed_off(used)
+        # Measured once the batch is on its way (a read of smaps_rollup takes milliseconds):
+        # the figure goes with the next batch.
+        held = memory.after_batch() if memory is not None else -1
 
 
 def _watch_parent(
