@@ -303,3 +303,23 @@ def test_stats_say_how_much_shared_memory_the_loader_maps() -> None:
     assert sum(len(batch) for (batch,) in threads) == 64
     assert threads.stats().shared_memory_peak_bytes == 0
     assert "shared memory:" not in str(threads.stats())
+
+
+def test_slabs_are_kept_for_reuse_up_to_a_share_of_the_available_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 150 MB batch of float32 images keeps its slab (its hand-off stays a few ms) on a
+    machine with memory to spare; a 1 GiB batch on a 24 GiB machine does not (its memory goes
+    back as soon as the batch is dropped, as torch's does)."""
+    from ferry._engine import shm
+
+    monkeypatch.setattr(shm, "available_memory", lambda: 32 << 30)
+    assert shm.reuse_limit() == 512 * MiB
+    monkeypatch.setattr(shm, "available_memory", lambda: 20 << 30)
+    assert 150 * MiB <= shm.reuse_limit() < 1024 * MiB
+    monkeypatch.setattr(shm, "available_memory", lambda: 1 << 30)
+    assert shm.reuse_limit() == shm.REUSE_FLOOR  # (64 MiB at least)
+    monkeypatch.setattr(shm, "available_memory", lambda: None)
+    assert shm.reuse_limit() == shm.REUSE_FLOOR
+    monkeypatch.setattr(shm, "REUSE_LIMIT", 1 * MiB)  # set by hand: as it is
+    assert shm.reuse_limit() == 1 * MiB

@@ -52,11 +52,23 @@ SLABS_SUPPORTED = hasattr(os, "memfd_create")
 
 _ALIGN = 64
 _MIN_SLAB = 1 << 20
-# Slabs up to this size are kept for reuse (no new mapping, no page faults for the next batch);
-# larger ones carry one batch, as torch's shared memory does: the worker lets go of a slab once
-# it is sent and the main process unmaps it when the batch is dropped, so no memory waits for a
-# later batch (see docs/design/transport.md, "Memory").
-REUSE_LIMIT = 64 << 20
+# Slabs up to the reuse limit are kept for reuse (no new mapping, no page faults for the next
+# batch: a 64 MiB batch moves in about 7 ms instead of 65); larger ones carry one batch, as
+# torch's shared memory does: the worker lets go of a slab once it is sent and the main process
+# unmaps it when the batch is dropped, so no memory waits for a later batch (see
+# docs/design/transport.md, "Memory"). The limit is REUSE_LIMIT when set (tests, scripts), else
+# 1/REUSE_SHARE of the memory available when the slab is made, at least REUSE_FLOOR: with 8
+# workers and 2 batches each in flight, kept slabs stay within a quarter of it.
+REUSE_LIMIT: int | None = None
+REUSE_FLOOR = 64 << 20
+REUSE_SHARE = 64
+
+
+def reuse_limit() -> int:
+    """The largest slab kept for reuse (see REUSE_LIMIT)."""
+    if REUSE_LIMIT is not None:
+        return REUSE_LIMIT
+    return max(REUSE_FLOOR, (available_memory() or 0) // REUSE_SHARE)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -95,7 +107,7 @@ class Slab:
         self.used = 0
         self.lent = False  # in the main process's hands until it says otherwise
         self.announced = False
-        self.reuse = size <= REUSE_LIMIT  # else it carries one batch (see REUSE_LIMIT)
+        self.reuse = size <= reuse_limit()  # else it carries one batch (see REUSE_LIMIT)
         self.replaces: tuple[int, ...] = ()  # idle slabs closed when this one was made
 
     def shared(self) -> None:
