@@ -1,8 +1,9 @@
 """A/B the steady-state throughput of two ferry source trees, alternating runs.
 
 Used to check that a change costs nothing measurable on the per-batch path (for example the
-resume state tracking). Each round runs one fresh interpreter per tree and engine, in turn, so
-drift of the machine hits both alike; the median over rounds is printed.
+resume state tracking): inline, 2 process workers, 2 thread workers. Each round runs one fresh
+interpreter per tree and engine, in turn, so drift of the machine hits both alike; the median
+over rounds is printed.
 
     git worktree add /tmp/base <commit>
     .venv/bin/python scripts/ab_throughput.py /tmp/base/src src --rounds 5
@@ -18,12 +19,12 @@ import sys
 
 _RUN = """
 import statistics, sys, time, torch, ferry
-workers = int(sys.argv[1])
+workers, kind = int(sys.argv[1]), sys.argv[2]
 ds = ferry.TensorDataset(torch.randn(256 * 2000, 32), torch.randint(0, 10, (256 * 2000,)))
 rates = []
 for rep in range(4):
     loader = ferry.DataLoader(ds, batch_size=256, shuffle=True, num_workers=workers,
-                              generator=torch.Generator().manual_seed(0))
+                              worker_type=kind, generator=torch.Generator().manual_seed(0))
     it = iter(loader)
     next(it)
     start, count = time.perf_counter(), 0
@@ -34,10 +35,10 @@ print(statistics.median(rates[1:]))
 """
 
 
-def rate(src: str, workers: int) -> float:
+def rate(src: str, workers: int, kind: str) -> float:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
     out = subprocess.run(
-        [sys.executable, "-c", _RUN, str(workers)], env=env, check=True, capture_output=True
+        [sys.executable, "-c", _RUN, str(workers), kind], env=env, check=True, capture_output=True
     )
     return float(out.stdout)
 
@@ -48,14 +49,16 @@ def main() -> None:
     parser.add_argument("candidate", help="src directory of the candidate tree")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    for workers in (0, 2):
+    for workers, kind in ((0, "process"), (2, "process"), (2, "thread")):
         runs: dict[str, list[float]] = {"baseline": [], "candidate": []}
         for _ in range(args.rounds):
-            runs["baseline"].append(rate(args.baseline, workers))
-            runs["candidate"].append(rate(args.candidate, workers))
+            runs["baseline"].append(rate(args.baseline, workers, kind))
+            runs["candidate"].append(rate(args.candidate, workers, kind))
         base, cand = (statistics.median(runs[k]) for k in ("baseline", "candidate"))
         print(
-            f"TensorDataset, batch 256, num_workers={workers}: baseline {base:,.0f} b/s, "
+            f"TensorDataset, batch 256, num_workers={workers}"
+            + (f", worker_type={kind!r}" if workers else "")
+            + f": baseline {base:,.0f} b/s, "
             f"candidate {cand:,.0f} b/s, candidate/baseline {cand / base:.3f} "
             f"(median of {args.rounds} alternating rounds)"
         )

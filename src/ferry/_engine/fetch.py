@@ -334,7 +334,7 @@ class IterableFetcher(_TimedFetch):
             self.items += 1
 
 
-@dataclass
+@dataclass(slots=True)
 class Made:
     """One batch as it was made, inline or in a worker: what the statistics, the skip budget and
     the hand-off need of it."""

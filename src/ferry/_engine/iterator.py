@@ -219,7 +219,9 @@ class LoaderIterator(TorchLoaderIterator):
         track = self._track
         asked = perf_counter()
         try:
-            delivery = self._next_kept()
+            delivery = self._next_batch()
+            if delivery.outcome is not None:  # on_error="skip" counted samples
+                delivery = self._kept(delivery)
         except StopIteration:
             track.finished = True
             track.stats.epoch_ended(asked)
@@ -228,22 +230,23 @@ class LoaderIterator(TorchLoaderIterator):
         # The one place the position moves: the batch is now the user's.
         track.delivered(delivery.number, delivery.worker_id, delivery.worker)
         track.yielded += 1
-        self._check_length(track.yielded)
+        if self._plan.reported_length is not None:
+            self._check_length(track.yielded)
         if not self._plan.pin:
             return delivery.batch
         batch = self._pinned(delivery.batch, delivery.number)
         track.stats.pin += perf_counter() - got
         return batch
 
-    def _next_kept(self) -> Delivery:
-        """The next batch the engine made that has samples left (with ``on_error="skip"``,
-        a batch whose every sample failed is counted and passed over)."""
+    def _kept(self, delivery: Delivery) -> Delivery:
+        """With ``on_error="skip"``: count the samples ``delivery`` dropped, and pass over the
+        batches whose every sample failed; the next batch with samples left."""
         while True:
-            delivery = self._next_batch()
-            if delivery.outcome is None:
-                return delivery
             self._count_skips(self._track, delivery)
             if delivery.batch is not DROPPED:
+                return delivery
+            delivery = self._next_batch()
+            if delivery.outcome is None:
                 return delivery
 
     def _check_length(self, yielded: int) -> None:

@@ -141,7 +141,7 @@ class NewSlab:
     replaces: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Timing:
     """Where a worker's time went on one batch, and the bytes that crossed (ferry.stats)."""
 
@@ -162,7 +162,7 @@ class Done:
     payload: Any
     slabs: tuple[int, ...] = ()
     report: WorkerReport | None = None
-    timing: Timing = Timing()
+    timing: Timing = field(default_factory=Timing)
     # on_error="skip": (samples tried, samples dropped); ``empty``: all were, there is no batch
     outcome: Outcome | None = None
     empty: bool = False
