@@ -165,6 +165,14 @@ def test_at_exit_a_busy_worker_is_terminated_and_an_idle_one_leaves(
     )
     iterator = iter(loader)
     assert [next(iterator).tolist(), next(iterator).tolist()] == [[0], [1]]
+    # Worker 0 has index 2 in flight; wait until it is in the fetch (not about to begin it,
+    # when it would see Stop first and leave cleanly): its reader thread says what it does.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stacks = iterator._kind.stacks(iterator._workers, [0], iterator._stack_answers)
+        if 0 in stacks and stacks[0].task is not None:
+            break
+        time.sleep(0.05)
     monkeypatch.setattr(group, "interpreter_exiting", lambda: True)
     monkeypatch.setattr(group, "_JOIN_AFTER_STOP", 30.0)  # were it waited for, the test fails
     started = time.monotonic()
