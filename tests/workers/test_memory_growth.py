@@ -20,7 +20,7 @@ import torch.utils.data as tud
 import ferry
 from ferry._core import memory
 from ferry._core.memory import COPY_ON_WRITE, MemorySampler, anon_bytes, growth_verdict
-from ferry._engine import pool
+from ferry._engine import switch
 from ferry.stats import LoaderStats
 
 linux = pytest.mark.skipif(
@@ -221,7 +221,7 @@ def test_auto_moves_to_threads_when_the_growth_would_exceed_the_memory(
 ) -> None:
     dataset = Strings(800_000, WALK)
     # A machine with little memory to spare: 160 MiB, of which the workers may take half.
-    monkeypatch.setattr(pool, "available_memory", lambda: 160 * MiB)
+    monkeypatch.setattr(switch, "available_memory", lambda: 160 * MiB)
     _measure_often(monkeypatch)
 
     def loader(workers: Any) -> ferry.DataLoader[Any]:

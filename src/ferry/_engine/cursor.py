@@ -128,6 +128,15 @@ class WorkerCursor:
         """This position after the worker fetched key ``number`` and took no snapshot."""
         return replace(self, since=add_number(self.since, number))
 
+    def replay_with(self, recovered: dict[int, Any]) -> tuple[Any, ...]:
+        """The keys this worker fetches again as it starts at this position: those it had to,
+        and those it fetched since its snapshot, found in ``recovered`` (by number); only the
+        first when some are missing (it then resumes at its snapshot)."""
+        numbers = run_numbers(self.since)
+        if not all(n in recovered for n in numbers):
+            return self.replay
+        return (*self.replay, *(recovered[n] for n in numbers))
+
     def between_epochs(self, keep_rng: bool, keys: dict[int, Any] | None = None) -> WorkerCursor:
         """This worker as the next epoch finds it: its stream starts again; its dataset (and,
         with ``keep_rng``, its generators) go on as they are. ``keys``: the ended epoch's keys

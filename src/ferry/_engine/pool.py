@@ -1,20 +1,15 @@
-"""The worker engine: dispatch, reorder, timeouts and liveness.
+"""The worker engine: the loop that sends tasks, reads results and hands batches out.
 
-Batch order is torch's. Tasks (one per batch) are numbered in epoch order and handed to workers
-round-robin, skipping workers whose iterable stream has ended; each worker has at most
-``prefetch_factor`` tasks in flight, and one new task goes out per batch yielded. With
-``in_order=True`` results are yielded by task number; otherwise as they come, and new tasks go
-to the least busy worker.
-
-Tasks go out and typed messages come back through one :class:`~ferry._engine.channels.Channel`,
-whichever kind the workers are; a dead worker is noticed as soon as it dies, and ``timeout`` is
-measured by the same wait.
-
-A worker that dies, stalls or is late is handled by :mod:`ferry._engine.incidents`.
-
-Teardown is :meth:`ferry._engine.group.WorkerGroup.shutdown` (layered, bounded); it runs when
-the epoch ends, on a fatal error, when the iterator is garbage collected, or at interpreter
-exit, through ``weakref.finalize``.
+Which worker makes which batch, and the order they are handed out in (torch's: round-robin,
+``prefetch_factor`` tasks a worker, ``in_order``), is the scheduler's
+(:class:`~ferry._engine.schedule.Scheduler`); how workers of one kind start, talk and are
+replaced is their kind's (:mod:`ferry._engine.kinds`).
+Tasks and typed messages travel through one :class:`~ferry._engine.channels.Channel`, which
+notices a dead worker as it dies and measures ``timeout`` in the same wait. Dead, stalled or late
+workers: :mod:`ferry._engine.incidents`; ``num_workers="auto"``'s move to threads:
+:mod:`ferry._engine.switch`. Teardown is :meth:`ferry._engine.group.WorkerGroup.shutdown`
+(layered, bounded), run through ``weakref.finalize`` when the epoch ends, on a fatal error, when
+the iterator is collected, or at interpreter exit.
 """
 
 from __future__ import annotations
@@ -27,11 +22,9 @@ from typing import Any
 
 from typing_extensions import assert_never
 
-from ferry._core.memory import anon_bytes, growth_verdict, resident_anon_bytes
-from ferry._core.ranks import process_group_rank_world
 from ferry._engine.aio import AsyncReads, is_async_dataset
 from ferry._engine.channels import WorkerGone, WorkerMessage
-from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor, run_numbers
+from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor
 from ferry._engine.failures import SkipBudget
 from ferry._engine.fetch import DROPPED
 from ferry._engine.group import (
@@ -44,10 +37,10 @@ from ferry._engine.kinds import ProcessWorkers, ThreadWorkers, worker_kind
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
-from ferry._engine.reads import POOL_LIMIT, SampleReads, WaitJudge
+from ferry._engine.reads import POOL_LIMIT, SampleReads
 from ferry._engine.schedule import Scheduler, TaskId
-from ferry._engine.shm import available_memory
 from ferry._engine.slabfile import DescriptorLimitReached
+from ferry._engine.switch import ThreadSwitch, measure_at_end
 from ferry._engine.track import Delivery
 from ferry._engine.worker import WorkerConfig
 from ferry.errors import (
@@ -101,25 +94,10 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._replays = (
             self._kind.copies_dataset and not plan.iterable_style and stateful_part(plan.dataset)
         )
-        # num_workers="auto": process workers whose reads wait give way to threads (see
-        # _become_threads); the first batches' wall and CPU seconds decide.
-        self._judge_waiting = (
-            plan.threads_if_waiting
-            and isinstance(self._kind, ProcessWorkers)
-            and not plan.iterable_style
-            and not self._replays
-            and not stateful_part(plan.dataset)
-            # (an async dataset's process workers await on a loop of their own already)
-            and not is_async_dataset(plan.dataset)
-        )
-        self._judge = WaitJudge(batches=plan.num_workers)
-        # ... and so do process workers whose memory grows past what the system has
-        # (copy-on-write of the dataset's objects, see ferry._core.memory): measured when the
-        # epoch begins.
-        self._memory_budget = available_memory() if self._judge_waiting else None
-        main_anon = resident_anon_bytes() if self._judge_waiting else -1
-        self._memory_ceiling = main_anon * plan.num_workers if main_anon >= 0 else -1
-        self._to_threads = ""  # why the workers should become threads now ("": they stay)
+        # num_workers="auto": process workers whose reads wait, or whose memory grows past what
+        # the system has, give way to threads (switch.py, _become_threads).
+        processes = isinstance(self._kind, ProcessWorkers)
+        self._switch = ThreadSwitch(plan, processes, self._replays)
         self._start_group()
 
     def _start_group(self) -> None:
@@ -135,30 +113,22 @@ class WorkerIterator(Incidents, LoaderIterator):
             else:
                 self._group.reads = self._kind.shared_reads()
         recovered = self._track.keys.take_recovered()
+        starts = [self.worker_resume(i) for i in range(self._num_workers)]
         configs = [
-            WorkerConfig(
-                worker_id=i,
-                num_workers=self._num_workers,
-                base_seed=self._base_seed,
-                dataset=plan.dataset,
-                iterable=plan.iterable_style,
-                auto_collation=plan.auto_collation,
-                collate_fn=plan.collate_fn,
-                drop_last=plan.drop_last,
-                worker_init_fn=plan.worker_init_fn,
-                parent_pid=os.getpid(),
-                rank_world=process_group_rank_world(),
-                resume=self.worker_resume(i),
-                snapshot_every=plan.snapshot_every,
+            WorkerConfig.of_plan(
+                plan,
+                i,
+                self._base_seed,
+                resume=start,
                 track_rng=self._kind.tracks_rng,
                 named_slabs=named,
-                skip=plan.failures.skip,
-                replay=self._replay(i, recovered),
+                # (the keys it fetches again as it starts: see WorkerCursor.since)
+                replay=start.replay_with(recovered) if start and self._replays else (),
                 report_start=self._replays,
                 reads=self._group.reads,
-                read_limit=POOL_LIMIT // self._num_workers if self._judge_waiting else 0,
+                read_limit=POOL_LIMIT // self._num_workers if self._switch.active else 0,
             )
-            for i in range(self._num_workers)
+            for i, start in enumerate(starts)
         ]
         self._configs = configs
         try:
@@ -171,17 +141,6 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._begin_epoch()
         if any(config.replay for config in configs):
             self._await_states()  # the cursors hold keys that are not saved: replace them now
-
-    def _replay(self, worker_id: int, recovered: dict[int, Any]) -> tuple[Any, ...]:
-        """The keys worker ``worker_id`` fetches again as it starts (see WorkerCursor.since):
-        none when some could not be recovered (it then resumes at its snapshot)."""
-        position = self.worker_resume(worker_id)
-        if position is None or not self._replays:
-            return ()
-        numbers = run_numbers(position.since)
-        if not all(n in recovered for n in numbers):
-            return position.replay
-        return (*position.replay, *(recovered[n] for n in numbers))
 
     def _await_states(self) -> None:
         """Wait until every worker has said what its user states are as the epoch begins, so
@@ -282,12 +241,12 @@ class WorkerIterator(Incidents, LoaderIterator):
     def _next_batch(self) -> Delivery:
         if self._fatal is not None:
             raise self._fatal
-        if self._to_threads:
+        if self._switch.why:
             self._become_threads()
         try:
             return self._next_result()
         except StopIteration:
-            self._measure_memory()
+            measure_at_end(self._track.stats, [(w.worker_id, w.pid) for w in self._workers])
             if not self._plan.persistent_workers:
                 self._finalizer()
             raise
@@ -302,8 +261,8 @@ class WorkerIterator(Incidents, LoaderIterator):
         thread worker with the process worker's id, from the same key: the epoch's batches
         and their order do not change (random augmentations then draw from the main
         process's generators, as thread workers do). Only for a map-style dataset with no
-        state of its own (``_judge_waiting``), so no worker's position has to move over."""
-        why, self._to_threads = self._to_threads, ""
+        state of its own (``ThreadSwitch.active``), so no worker's position has to move over."""
+        why = self._switch.take()
         # Batches the process workers made already are handed out as they are (they lie in
         # slabs the main process keeps mapped while a tensor is over them); the rest, which
         # are dropped with the process workers, are fetched again. (With pinning, a made batch
@@ -314,11 +273,10 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._track.plan = self._plan
         self._track.switched = why
         self._kind = ThreadWorkers()
-        self._judge_waiting = False
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.shutdown)
         # The thread workers' reads run at once from the first: the judge measured them.
-        self._group.reads = SampleReads(measured=self._judge.per_read())
+        self._group.reads = SampleReads(measured=self._switch.judge.per_read())
         self._track.stats.reads = self._group.reads
         if self._plan.pin:
             self._group.pinner = Pinner(self._plan.pin_memory_device)
@@ -478,11 +436,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                 stats.cpu_used(message.timing.made_s, message.cpu)
                 if message.memory >= 0:
                     stats.worker_memory(worker_id, message.memory)
-                    if self._judge_waiting and not self._to_threads:
-                        self._to_threads = self._memory_verdict()
-                if self._judge_waiting and not self._judge.decided and message.cpu >= 0:
-                    reads = _key_length(task.key)
-                    self._to_threads = self._judge.add(message.timing.made_s, message.cpu, reads)
+                self._switch.after(message, task.key, stats, self.__len__)
                 task.outcome = message.outcome
                 if message.empty:
                     task.result = DROPPED
@@ -494,28 +448,6 @@ class WorkerIterator(Incidents, LoaderIterator):
                     task.result = self._group.pinner.submit(task.result)
             case _:
                 assert_never(message)
-
-    def _measure_memory(self) -> None:
-        """The epoch ended: read each process worker's memory from here (it is idle now; its
-        own measures are at most four times a second, and may miss the end of a short epoch)."""
-        stats = self._track.stats
-        for worker in self._workers:
-            if worker.pid is not None and stats.memory_first[worker.worker_id] >= 0:
-                held = anon_bytes(f"/proc/{worker.pid}/smaps_rollup")
-                stats.worker_memory(worker.worker_id, held)
-
-    def _memory_verdict(self) -> str:
-        """num_workers="auto": why the process workers' memory growth calls for threads
-        ("" when it does not; :func:`ferry._core.memory.growth_verdict`)."""
-        stats = self._track.stats
-        measured = [w for w, first in enumerate(stats.memory_first) if first >= 0]
-        grown = sum(stats.memory_latest[w] - stats.memory_first[w] for w in measured)
-        made = sum(stats.made[w] for w in measured)
-        try:
-            left = len(self) - sum(stats.made)
-        except TypeError:  # a sampler with no length: as many again as made so far
-            left = made
-        return growth_verdict(grown, made, left, self._memory_budget, self._memory_ceiling)
 
     def _worker_exception(self, message: Failed, what: str) -> BaseException:
         exc = rebuild_exception(message.exception, message.type_name, message.message)
@@ -564,11 +496,3 @@ class WorkerIterator(Incidents, LoaderIterator):
     def _shutdown_workers(self) -> None:
         """Stop the workers now (also called by the finalizer)."""
         self._finalizer()
-
-
-def _key_length(key: Any) -> int:
-    """How many samples a batch key names (1 for a single key)."""
-    try:
-        return max(len(key), 1)
-    except TypeError:
-        return 1

@@ -25,14 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ferry._core.alloc import Allocator
 from ferry._core.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
 from ferry._core.memory import MemorySampler
-from ferry._core.ranks import inherit_rank_world
+from ferry._core.ranks import inherit_rank_world, process_group_rank_world
 from ferry._engine.cursor import WorkerCursor
 from ferry._engine.fetch import DROPPED, IterableFetcher, MapFetcher, make_batch, make_fetcher
 from ferry._engine.messages import (
@@ -53,6 +53,9 @@ from ferry._engine.position import PositionKeeper
 from ferry._engine.reads import SampleReads
 from ferry._engine.shm import SLABS_SUPPORTED, SlabAllocator, encode_batch
 from ferry._engine.slabfile import remove_names, send_fd
+
+if TYPE_CHECKING:
+    from ferry._engine.plan import EpochPlan
 
 __all__ = ["WorkerConfig", "process_worker_main", "thread_worker_main"]
 
@@ -97,6 +100,27 @@ class WorkerConfig:
     # Process workers under num_workers="auto": per-sample reads of the worker's own, at most
     # this many at once (0: one after another, as torch).
     read_limit: int = 0
+
+    @classmethod
+    def of_plan(cls, plan: EpochPlan, worker_id: int, base_seed: int, **rest: Any) -> WorkerConfig:
+        """Worker ``worker_id``'s configuration: what it takes from the loader's plan, the
+        main process's pid and rank, and ``rest`` (its start, and what its kind implies)."""
+        return cls(
+            worker_id=worker_id,
+            num_workers=plan.num_workers,
+            base_seed=base_seed,
+            dataset=plan.dataset,
+            iterable=plan.iterable_style,
+            auto_collation=plan.auto_collation,
+            collate_fn=plan.collate_fn,
+            drop_last=plan.drop_last,
+            worker_init_fn=plan.worker_init_fn,
+            parent_pid=os.getpid(),
+            rank_world=process_group_rank_world(),
+            snapshot_every=plan.snapshot_every,
+            skip=plan.failures.skip,
+            **rest,
+        )
 
     @property
     def seed(self) -> int:
