@@ -12,7 +12,7 @@ def _fill(scheduler: Scheduler, count: int, start: int = 0) -> list[TaskId]:
 
 
 def test_in_order_tasks_go_round_robin_and_come_out_by_id() -> None:
-    s = Scheduler(num_workers=3, prefetch=2, in_order=True)
+    s = Scheduler(num_workers=3, in_order=True)
     s.begin_epoch(0, turn=0)
     ids = _fill(s, 6)
     assert ids == [0, 1, 2, 3, 4, 5]
@@ -29,7 +29,7 @@ def test_in_order_tasks_go_round_robin_and_come_out_by_id() -> None:
 
 
 def test_the_round_robin_starts_at_the_turn_it_is_given() -> None:
-    s = Scheduler(num_workers=3, prefetch=1, in_order=True)
+    s = Scheduler(num_workers=3, in_order=True)
     s.begin_epoch(0, turn=2)
     ids = _fill(s, 3)
     assert [s.tasks[t].worker_id for t in ids] == [2, 0, 1]
@@ -37,7 +37,7 @@ def test_the_round_robin_starts_at_the_turn_it_is_given() -> None:
 
 
 def test_out_of_order_hands_out_what_arrived_and_feeds_the_least_busy_worker() -> None:
-    s = Scheduler(num_workers=2, prefetch=2, in_order=False)
+    s = Scheduler(num_workers=2, in_order=False)
     s.begin_epoch(0, turn=0)
     _fill(s, 4)  # workers 0, 1, 0, 1
     assert s.first_arrived() is None
@@ -60,7 +60,7 @@ def test_out_of_order_hands_out_what_arrived_and_feeds_the_least_busy_worker() -
 
 
 def test_a_worker_whose_stream_ended_gets_no_more_tasks_and_its_tasks_are_skipped() -> None:
-    s = Scheduler(num_workers=2, prefetch=2, in_order=True)
+    s = Scheduler(num_workers=2, in_order=True)
     s.begin_epoch(0, turn=0)
     _fill(s, 4)  # 0:w0 1:w1 2:w0 3:w1
     s.stream_ended(1, TaskId(1))
@@ -81,7 +81,7 @@ def test_a_worker_whose_stream_ended_gets_no_more_tasks_and_its_tasks_are_skippe
 
 
 def test_a_replaced_worker_is_asked_again_for_what_had_not_arrived_in_order() -> None:
-    s = Scheduler(num_workers=2, prefetch=3, in_order=True)
+    s = Scheduler(num_workers=2, in_order=True)
     s.begin_epoch(0, turn=0)
     _fill(s, 6)  # worker 0: 0, 2, 4
     s.arrived(TaskId(2))
@@ -91,7 +91,7 @@ def test_a_replaced_worker_is_asked_again_for_what_had_not_arrived_in_order() ->
 
 
 def test_results_of_an_abandoned_epoch_are_told_apart_by_their_id() -> None:
-    s = Scheduler(num_workers=2, prefetch=2, in_order=True)
+    s = Scheduler(num_workers=2, in_order=True)
     s.begin_epoch(0, turn=0)
     _fill(s, 4)
     s.begin_epoch(0, turn=1)  # the next epoch begins before these arrive
@@ -102,7 +102,7 @@ def test_results_of_an_abandoned_epoch_are_told_apart_by_their_id() -> None:
 
 
 def test_a_resumed_epoch_numbers_its_tasks_from_its_first_batch() -> None:
-    s = Scheduler(num_workers=2, prefetch=2, in_order=True)
+    s = Scheduler(num_workers=2, in_order=True)
     s.begin_epoch(5, turn=1)  # resumed: batches 0-4 were handed out before the save
     task_id, task = s.assign(5, "key5")
     assert task.index == 5
@@ -111,7 +111,7 @@ def test_a_resumed_epoch_numbers_its_tasks_from_its_first_batch() -> None:
 
 
 def test_replacing_every_worker_keeps_what_arrived_when_asked() -> None:
-    s = Scheduler(num_workers=2, prefetch=2, in_order=True)
+    s = Scheduler(num_workers=2, in_order=True)
     s.begin_epoch(0, turn=0)
     _fill(s, 4)
     s.arrived(TaskId(0)).result = "batch0"

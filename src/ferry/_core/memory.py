@@ -30,7 +30,9 @@ __all__ = [
     "COPY_ON_WRITE",
     "MemorySampler",
     "anon_bytes",
+    "available_memory",
     "growth_verdict",
+    "proc_kb",
     "resident_anon_bytes",
 ]
 
@@ -45,23 +47,38 @@ COST_SHARE = 100
 _ROLLUP = "/proc/self/smaps_rollup"
 
 
+def proc_kb(path: str, *names: str) -> dict[str, int]:
+    """The fields ``names`` of a ``/proc`` file whose values are in kB (``meminfo``,
+    ``status``, ``smaps_rollup``), in bytes; a field the file lacks is left out, and nothing
+    is there when the file cannot be read (not Linux, or the process has exited)."""
+    fields: dict[str, int] = {}
+    try:
+        with open(path, encoding="ascii") as file:
+            for line in file:
+                name, _, rest = line.partition(":")
+                if name in names:
+                    fields[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return {}
+    return fields
+
+
 def anon_bytes(path: str = _ROLLUP) -> int:
     """This process's share of anonymous memory in bytes (see the module docstring); -1 where
     ``/proc`` does not say."""
-    fields: dict[str, int] = {}
-    try:
-        with open(path, encoding="ascii") as rollup:
-            for line in rollup:
-                name, _, rest = line.partition(":")
-                if name in ("Pss_Anon", "Private_Clean", "Private_Dirty"):
-                    fields[name] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return -1
+    fields = proc_kb(path, "Pss_Anon", "Private_Clean", "Private_Dirty")
     if "Pss_Anon" in fields:
         return fields["Pss_Anon"]
     if "Private_Clean" in fields and "Private_Dirty" in fields:
         return fields["Private_Clean"] + fields["Private_Dirty"]
     return -1
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (``MemAvailable``), if known:
+    what slabs are checked against before they are committed (more would wake the OOM killer
+    instead of failing cleanly), and what ``num_workers="auto"`` budgets."""
+    return proc_kb("/proc/meminfo", "MemAvailable").get("MemAvailable")
 
 
 class MemorySampler:
@@ -101,14 +118,7 @@ class MemorySampler:
 def resident_anon_bytes(path: str = "/proc/self/status") -> int:
     """This process's resident anonymous memory (``RssAnon``; -1: not known). Cheap, unlike
     ``smaps_rollup``: the kernel keeps the count."""
-    try:
-        with open(path, encoding="ascii") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return -1
+    return proc_kb(path, "RssAnon").get("RssAnon", -1)
 
 
 def growth_verdict(

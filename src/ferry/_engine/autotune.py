@@ -55,8 +55,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from ferry._core.memory import available_memory as meminfo_available
 from ferry._engine.reads import PARALLEL_FROM
-from ferry._engine.shm import available_memory as meminfo_available
 from ferry._validate import as_int, available_cpus
 from ferry.stats import LoaderStats
 

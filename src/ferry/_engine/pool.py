@@ -77,7 +77,7 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._prefetch = plan.prefetch_factor
         self._in_order = plan.in_order
         # Which worker makes which batch and which is handed out next (no transport).
-        self._schedule = Scheduler(plan.num_workers, plan.prefetch_factor, plan.in_order)
+        self._schedule = Scheduler(plan.num_workers, plan.in_order)
         self._timeout = plan.timeout
         self._kind = worker_kind(plan.worker_type)  # how its workers start, talk, are replaced
         self._group = WorkerGroup()

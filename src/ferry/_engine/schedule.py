@@ -52,9 +52,8 @@ class Scheduler:
     """Tasks, the worker each is assigned to, and the order they are handed out in (see the
     module docstring)."""
 
-    def __init__(self, num_workers: int, prefetch: int, in_order: bool) -> None:
+    def __init__(self, num_workers: int, in_order: bool) -> None:
         self.num_workers = num_workers
-        self.prefetch = prefetch
         self.in_order = in_order
         self.tasks: dict[TaskId, Task] = {}
         self.next_id = TaskId(0)  # the id the next task gets

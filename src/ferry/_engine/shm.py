@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ferry._core.memory import available_memory
 from ferry._engine import slabfile
 from ferry._engine.messages import NewSlab
 from ferry._engine.slabfile import (
@@ -130,22 +131,6 @@ class Slab:
             self._release_file()
         else:
             self.shared()
-
-
-def available_memory() -> int | None:
-    """Bytes the kernel says can be allocated without swapping (MemAvailable), if known.
-
-    Checked before committing a slab: committing more than this would wake the OOM killer
-    instead of failing cleanly.
-    """
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _out_of_shared_memory(size: int) -> OSError:

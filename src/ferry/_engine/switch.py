@@ -21,13 +21,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ferry._core.memory import anon_bytes, growth_verdict, resident_anon_bytes
+from ferry._core.memory import (
+    anon_bytes,
+    available_memory,
+    growth_verdict,
+    resident_anon_bytes,
+)
 from ferry._engine.aio import is_async_dataset
 from ferry._engine.keys import stateful_part
 from ferry._engine.messages import Done
 from ferry._engine.plan import EpochPlan
 from ferry._engine.reads import WaitJudge
-from ferry._engine.shm import available_memory
 from ferry.stats import StatsRecorder
 
 __all__ = ["ThreadSwitch", "measure_at_end"]
