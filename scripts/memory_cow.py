@@ -38,6 +38,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ferry._core.memory import proc_kb
+from ferry.bench.measure import descendants
+
 LOADERS = ("torch", "ferry", "ferry-thread", "ferry-shared")
 WORKLOADS = {"str": 2, "dict": 4}  # workload -> number of workers
 
@@ -64,46 +67,20 @@ class Items:
 # -- the process tree's memory --------------------------------------------------------------------
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as file:
-                found.extend(int(child) for child in file.read().split())
-        except OSError:
-            continue
-    return found
-
-
 def _memory_kb(pid: int) -> tuple[int, int]:
     """``(Pss, Private_Clean + Private_Dirty)`` of ``pid`` in KiB; zeros once it has exited."""
-    pss = private = 0
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                key, _, value = line.partition(":")
-                if key == "Pss":
-                    pss = int(value.split()[0])
-                elif key in ("Private_Clean", "Private_Dirty"):
-                    private += int(value.split()[0])
-    except OSError:
-        pass
-    return pss, private
+    fields = proc_kb(f"/proc/{pid}/smaps_rollup", "Pss", "Private_Clean", "Private_Dirty")
+    private = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
+    return fields.get("Pss", 0) // 1024, private // 1024
 
 
 def tree_memory_kb(root: int) -> tuple[int, int]:
     """The tree's summed PSS, and its descendants' summed private memory (USS), in KiB."""
-    pss, children_private, pending = 0, 0, [root]
-    while pending:
-        pid = pending.pop()
+    pss, children_private = _memory_kb(root)[0], 0
+    for pid in descendants(root):
         pid_pss, pid_private = _memory_kb(pid)
         pss += pid_pss
-        children_private += pid_private if pid != root else 0
-        pending.extend(_children(pid))
+        children_private += pid_private
     return pss, children_private
 
 

@@ -31,11 +31,13 @@ after a warm-up epoch, the loop reading one value per 4 KiB page; milliseconds p
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
 import time
+
+from ferry._core.memory import proc_kb
+from ferry.bench.measure import descendants
 
 _PICK = """
 import sys, time, torch
@@ -69,8 +71,8 @@ for _ in range(epochs):
         float(batch.sum())
 held = -1
 if impl.startswith("ferry") and persistent:
-    # Shared memory the loader still maps between epochs (what the stats line reads).
-    held = loader._iterator._channel.held_bytes() >> 20
+    # Shared memory the loader still maps between epochs (its stats line).
+    held = loader.stats().shared_memory_bytes >> 20
 print("batches", seen, "shared MiB held after the last epoch", held, flush=True)
 """
 )
@@ -104,48 +106,13 @@ print((time.perf_counter() - start) / count * 1000)
 _MIB = 1 << 20
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as file:
-                found.extend(int(child) for child in file.read().split())
-        except OSError:
-            continue
-    return found
-
-
-def _tree(pid: int) -> list[int]:
-    pids, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        pids.append(current)
-        todo.extend(_children(current))
-    return pids
-
-
 def _rollup(pid: int, field: str) -> int:
     """``field`` of ``/proc/<pid>/smaps_rollup`` in bytes (0 if the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as file:
-            for line in file:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return proc_kb(f"/proc/{pid}/smaps_rollup", field).get(field, 0)
 
 
 def _shmem() -> int:
-    with open("/proc/meminfo", encoding="ascii") as file:
-        for line in file:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return proc_kb("/proc/meminfo", "Shmem").get("Shmem", 0)
 
 
 def measure(impl: str, args: argparse.Namespace) -> dict[str, float]:
@@ -160,7 +127,7 @@ def measure(impl: str, args: argparse.Namespace) -> dict[str, float]:
     )
     peak_pss = peak_rss = peak_shm = 0
     while child.poll() is None:
-        pss = sum(_rollup(pid, "Pss") for pid in _tree(child.pid))
+        pss = sum(_rollup(pid, "Pss") for pid in [child.pid, *descendants(child.pid)])
         peak_pss = max(peak_pss, pss)
         peak_rss = max(peak_rss, _rollup(child.pid, "Rss"))
         peak_shm = max(peak_shm, _shmem() - shm_base)
