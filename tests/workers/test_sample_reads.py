@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -85,7 +85,10 @@ class _Clocks:
         clocks = self
 
         class Timed:
+            threads: ClassVar[set[str]] = set()  # the threads that read
+
             def __getitem__(self, index: int) -> int:
+                self.threads.add(threading.current_thread().name)
                 clocks.wall += wall
                 clocks.cpu += cpu
                 return index
@@ -105,7 +108,11 @@ def test_reads_that_hold_the_cpu_stay_one_at_a_time() -> None:
         assert reads.read(dataset, list(range(8))) == list(range(8))
     assert reads.width == 1
     assert reads.ratio == pytest.approx(1.0)
-    assert reads._pool is None  # no thread was started
+    # Every read on the caller's thread; the pool's one thread only watched the first read.
+    assert dataset.threads == {threading.current_thread().name}
+    assert reads._pool is not None
+    assert len(reads._pool._threads) == 1
+    reads.close()
 
 
 def test_reads_that_wait_go_wide_from_the_first_read_on() -> None:
@@ -136,13 +143,128 @@ def test_collect_gives_each_failure_in_its_place() -> None:
     clocks = _Clocks()
     reads = _reads(clocks)
     data = Waiting(n=8, latency=0.0, fail=frozenset({2, 5}))
-    results = reads.read(data, list(range(8)), collect=True)
+    try:
+        results = reads.read(data, list(range(8)), collect=True)
+    finally:
+        reads.close()
     assert [r.error.args[0] if isinstance(r, Failed) else r for r in results] == [
         0, 1, "sample 2 is missing", 3, 4, "sample 5 is missing", 6, 7,
     ]  # fmt: skip
 
 
+# -- the first read, watched while it runs --------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_a_first_read_that_waits_has_the_rest_of_its_batch_begun_before_it_ends() -> None:
+    rest_began = threading.Event()
+
+    class Gated:
+        waited: bool | None = None
+
+        def __getitem__(self, index: int) -> int:
+            if index == 0:  # waits (no CPU) until a later read of its batch has begun
+                type(self).waited = rest_began.wait(timeout=10)
+            else:
+                rest_began.set()
+                time.sleep(0.001)
+            return index
+
+    reads = SampleReads()
+    try:
+        assert reads.read(Gated(), list(range(8))) == list(range(8))
+    finally:
+        reads.close()
+    assert Gated.waited is True  # read 0 ended because reads 1..7 had begun
+    assert reads.width > 1
+    assert _wait_no_reads() == []
+
+
+@pytest.mark.timeout(30)
+def test_a_first_read_that_computes_keeps_the_batch_on_the_callers_thread() -> None:
+    class Computing:
+        threads: ClassVar[set[str]] = set()
+
+        def __getitem__(self, index: int) -> int:
+            self.threads.add(threading.current_thread().name)
+            end = time.thread_time() + (0.03 if index == 0 else 0.001)
+            while time.thread_time() < end:  # holds the CPU (and the GIL)
+                pass
+            return index
+
+    data = Computing()
+    reads = SampleReads()
+    try:
+        assert reads.read(data, list(range(6))) == list(range(6))
+    finally:
+        reads.close()
+    assert data.threads == {threading.current_thread().name}
+    assert reads.width == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_first_read_that_fails_cancels_what_the_watcher_began() -> None:
+    class FailsFirst:
+        def __init__(self) -> None:
+            self.read: list[int] = []
+
+        def __getitem__(self, index: int) -> int:
+            if index == 0:
+                time.sleep(0.05)  # long enough for the watcher to begin the rest
+                raise KeyError("sample 0 is missing")
+            time.sleep(0.005)
+            self.read.append(index)
+            return index
+
+    reads = SampleReads(limit=2)
+    data = FailsFirst()
+    with pytest.raises(KeyError, match="sample 0 is missing"):
+        reads.read(data, list(range(64)))
+    reads.close()
+    assert len(data.read) < 63  # the reads not begun yet were cancelled
+    assert _wait_no_reads() == []
+
+
+@pytest.mark.timeout(30)
+def test_the_pool_reaches_its_width_with_threads_starting_threads() -> None:
+    reads = SampleReads(limit=31)
+    together = threading.Barrier(31, timeout=10)  # passes only if all 31 reads run at once
+
+    class AllAtOnce:
+        def __getitem__(self, index: int) -> int:
+            together.wait()
+            return index
+
+    reads._measured(0.01, 0.0001)  # (measured to wait: read at once)
+    try:
+        assert reads.read(AllAtOnce(), list(range(31))) == list(range(31))
+        assert reads._pool is not None
+        assert len(reads._pool._threads) == 31
+    finally:
+        reads.close()
+    assert _wait_no_reads() == []
+
+
 # -- in the loader -------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_reads_on_the_pool_see_the_worker_info_of_the_worker_that_asked() -> None:
+    class Who(Waiting):
+        def __getitem__(self, index: int) -> Any:
+            super().__getitem__(index)
+            info, theirs = ferry.get_worker_info(), tud.get_worker_info()
+            return (index, info.id if info else -1, theirs.id if theirs else -1)
+
+    loader = _threads(dataset=Who(n=64), collate_fn=lambda rows: rows)
+    batches = list(loader)
+    assert sorted(r[0] for batch in batches for r in batch) == list(range(64))
+    # Every read of a batch, on whatever thread, sees the worker that made it (ferry's and
+    # torch's get_worker_info alike), and both workers made batches.
+    workers = [{(r[1], r[2]) for r in batch} for batch in batches]
+    assert all(len(seen) == 1 for seen in workers)
+    assert {seen.pop() for seen in workers} == {(0, 0), (1, 1)}
+    assert loader.stats().concurrency > 2
 
 
 @pytest.mark.timeout(60)

@@ -107,8 +107,13 @@ def set_process_worker_info(info: WorkerInfo | None) -> None:
 
 
 def set_thread_worker_info(info: WorkerInfo | None) -> None:
-    """Called by a thread worker on its own thread."""
+    """Called by a thread worker on its own thread (and by a read it asks of another thread)."""
     _thread_info.value = info
+
+
+def thread_worker_info() -> WorkerInfo | None:
+    """The :class:`WorkerInfo` of the thread worker that is this thread (None: not one)."""
+    return getattr(_thread_info, "value", None)
 
 
 def torch_get_worker_info() -> Any:

@@ -23,7 +23,7 @@ import torch
 from ferry._core.alloc import Allocator, using_allocator
 from ferry._engine.aio import AsyncReads
 from ferry._engine.messages import Timing
-from ferry._engine.reads import Failed, SampleReads
+from ferry._engine.reads import Failed, SampleReads, busy_of
 from ferry.collate import RowBatch, default_collate, default_map_is_pristine
 from ferry.datasets import fetch_many, tensor_gather
 from ferry.errors import SkippedSample
@@ -103,7 +103,7 @@ class _TimedFetch:
 
 def busy_time() -> float:
     """Seconds this thread ran on a CPU plus seconds it was ready to run but waited for one
-    (``/proc/thread-self/schedstat``; the thread's CPU time where there is none).
+    (:func:`ferry._engine.reads.busy_of`).
 
     The first batches a fetcher measures are judged (``num_workers="auto"``: do the reads wait?
     see ferry._engine.reads.WaitJudge): on a machine with more runnable threads than CPUs, the
@@ -111,12 +111,7 @@ def busy_time() -> float:
     move CPU-bound work to threads. One read costs about 10 us, so later batches use the CPU
     clock alone.
     """
-    try:
-        with open("/proc/thread-self/schedstat", "rb") as schedstat:
-            ran, queued, _ = schedstat.read().split()
-        return (int(ran) + int(queued)) / 1e9
-    except (OSError, ValueError):
-        return thread_time()
+    return busy_of()
 
 
 class MapFetcher(_TimedFetch):

@@ -40,6 +40,7 @@ from ferry._engine.worker import (
     Activity,
     WorkerConfig,
     process_worker_main,
+    ready_to_fork,
     thread_worker_main,
 )
 
@@ -262,7 +263,11 @@ def _collector_frozen(context: Any) -> Iterator[None]:
     object it visits (its GC header), which copies the pages they sit on in each worker
     (copy-on-write; about 35 MB a worker measured on 3M dicts, see docs/design/memory.md).
     The main process's objects go back to its oldest generation at once."""
-    if context.get_start_method() != "fork" or not gc.isenabled():
+    if context.get_start_method() != "fork":
+        yield
+        return
+    ready_to_fork()
+    if not gc.isenabled():
         yield
         return
     gc.freeze()

@@ -14,12 +14,17 @@ threads shared by every worker thread of a loader, when measurement says they wa
   :data:`PARALLEL_FROM` times their CPU, then ``ceil(ratio)``, at most the batch and the pool.
   It is decided again after every batch from a moving average, so it adapts within an epoch
   (a long first epoch does not run at the rate of one read at a time).
+* The loader's first read is watched while it runs (a pool thread reads the reading thread's
+  CPU time from ``/proc``): once it has taken :data:`PEEK` seconds and :data:`PARALLEL_FROM`
+  times the CPU it used, the rest of its batch begins at once, without waiting for it to end,
+  so the first batch of reads that wait arrives after about one read, not two.
 * Whatever the width, a batch is the same: its samples in key order, collated once; a read that
   raises raises the error of the first failing key in key order (reads not yet started are
   cancelled), and with ``on_error="skip"`` every failing key is reported, in order.
 
 Only thread workers use it (they share the dataset already, so reading it from more threads
-asks nothing new of it); process workers and ``num_workers=0`` read as torch does.
+asks nothing new of it); process workers and ``num_workers=0`` read as torch does. A read on a
+pool thread sees the :func:`~ferry.get_worker_info` of the worker that asked for it.
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ from __future__ import annotations
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from time import perf_counter, thread_time
 from typing import Any
 
-__all__ = ["PARALLEL_FROM", "POOL_LIMIT", "Failed", "SampleReads", "WaitJudge"]
+from ferry._core.info import WorkerInfo, set_thread_worker_info, thread_worker_info
+
+__all__ = ["PARALLEL_FROM", "PEEK", "POOL_LIMIT", "Failed", "SampleReads", "WaitJudge", "busy_of"]
 
 # Reads run in parallel once they wait at least this many times their CPU time.
 PARALLEL_FROM = 4.0
@@ -40,6 +48,29 @@ PARALLEL_FROM = 4.0
 POOL_LIMIT = 64
 # Weight of the latest batch in the moving averages of wall and CPU time per read.
 SMOOTHING = 0.3
+# The loader's first read is judged while it runs once it has taken this long (seconds).
+PEEK = 0.001
+
+
+def busy_of(thread: threading.Thread | None = None) -> float:
+    """Seconds ``thread`` (this thread: None) ran on a CPU plus seconds it was ready to run
+    but waited for one (``/proc/.../schedstat``), so that on a machine with more runnable
+    threads than CPUs the time a thread waited for a CPU does not pass for a read that waits;
+    its CPU time where there is no such file; -1.0 where neither can be read."""
+    native = threading.get_native_id() if thread is None else thread.native_id
+    try:
+        with open(f"/proc/self/task/{native}/schedstat", "rb") as schedstat:
+            ran, queued, _ = schedstat.read().split()
+        return (int(ran) + int(queued)) / 1e9
+    except (OSError, ValueError):
+        pass
+    if thread is None:
+        return thread_time()
+    try:
+        assert thread.ident is not None
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (AttributeError, AssertionError, OSError):
+        return -1.0
 
 
 class Failed:
@@ -54,7 +85,13 @@ class Failed:
 class _Pool:
     """A pool of daemon threads (``ferry-read-N``), started as reads need them, up to
     ``limit``. Daemon threads, unlike ``concurrent.futures``' pool: a read that never returns
-    must not keep the interpreter from exiting."""
+    must not keep the interpreter from exiting.
+
+    Threads start threads: the one who submits starts one if none is starting, and each new
+    thread starts up to two more while tasks wait, before it takes one. A thread's start waits
+    for it to run, so 31 reads submitted at once would otherwise begin one ``start()`` apart
+    (about 8 ms for the last with two worker threads submitting); as a tree they all begin
+    within a few."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
@@ -63,23 +100,39 @@ class _Pool:
         )
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._idle = 0
+        # Threads free or starting, less the tasks waiting for one (negative: tasks wait).
+        self._spare = 0
+        self._starting = 0  # threads started that have not begun to run yet
+        self._shut = False
 
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> Future[Any]:
         future: Future[Any] = Future()
-        with self._lock:
-            if self._idle == 0 and len(self._threads) < self._limit:
-                thread = threading.Thread(
-                    target=self._run, name=f"ferry-read-{len(self._threads)}", daemon=True
-                )
-                self._threads.append(thread)
-                self._idle += 1
-                thread.start()
-            self._idle -= 1  # (the task takes an idle thread, or waits for one)
         self._tasks.put((future, fn, arg))
+        with self._lock:
+            self._spare -= 1
+            thread = self._new_thread() if self._starting == 0 else None
+        if thread is not None:
+            thread.start()
         return future
 
+    def _new_thread(self) -> threading.Thread | None:
+        """A thread for a waiting task, if one waits and the limit allows (lock held)."""
+        if self._spare >= 0 or self._shut or len(self._threads) >= self._limit:
+            return None
+        thread = threading.Thread(
+            target=self._run, name=f"ferry-read-{len(self._threads)}", daemon=True
+        )
+        self._threads.append(thread)
+        self._spare += 1
+        self._starting += 1
+        return thread
+
     def _run(self) -> None:
+        with self._lock:
+            self._starting -= 1
+            more = [t for t in (self._new_thread(), self._new_thread()) if t is not None]
+        for thread in more:
+            thread.start()
         while (task := self._tasks.get()) is not None:
             future, fn, arg = task
             if future.set_running_or_notify_cancel():
@@ -88,15 +141,29 @@ class _Pool:
                 except BaseException as exc:
                     future.set_exception(exc)
             with self._lock:
-                self._idle += 1
+                self._spare += 1
 
     def shutdown(self) -> list[threading.Thread]:
         """Ask every thread to stop once the reads queued before are done; returns them."""
         with self._lock:
+            self._shut = True
             threads = list(self._threads)
         for _ in threads:
             self._tasks.put(None)
         return threads
+
+
+class _FirstRead:
+    """The loader's first read, as a watcher sees it: when it began (wall and busy seconds
+    of the thread reading), and the reads of the rest of its batch once the watcher began
+    them (``over``: the read ended, nothing more is begun)."""
+
+    def __init__(self, thread: threading.Thread, wall: float, busy: float) -> None:
+        self.lock = threading.Lock()
+        self.thread, self.wall, self.busy = thread, wall, busy
+        self.info = thread_worker_info()  # (made on the reading thread)
+        self.over = False
+        self.rest: tuple[list[Future[Any]], list[tuple[float, float]]] | None = None
 
 
 class SampleReads:
@@ -110,9 +177,13 @@ class SampleReads:
         clock: Callable[[], float] = perf_counter,
         cpu_clock: Callable[[], float] = thread_time,
         measured: tuple[float, float] | None = None,
+        busy: Callable[[threading.Thread], float] | None = None,
     ) -> None:
         self.limit = limit
         self._clock, self._cpu_clock = clock, cpu_clock
+        # A thread's busy seconds, as the first read's watcher reads them (stand-in clocks:
+        # the CPU clock).
+        self._busy = busy or (busy_of if cpu_clock is thread_time else lambda _: cpu_clock())
         self._lock = threading.Lock()
         self._pool: _Pool | None = None
         self._closed = False
@@ -121,6 +192,7 @@ class SampleReads:
         self.cpu: float | None = None
         self.width = 1
         self.peak_width = 1  # the most reads of one batch run at once (for the statistics)
+        self._last = (0.0, 0.0)  # the last serial reads' mean wall and CPU seconds
         if measured is not None:  # (one read's wall and CPU seconds, measured elsewhere)
             self._measured(*measured)
 
@@ -136,14 +208,62 @@ class SampleReads:
         read that raises gives a :class:`Failed` in its place (``StopIteration`` still ends the
         epoch); else the first failing key's error is raised."""
         if self.wall is None and len(keys) > 1:
-            # Nothing measured yet: one read alone says whether the rest should run at once
-            # (the first batch of a loader that waits arrives after about two reads, not 32).
-            return self._serial(dataset, keys[:1], collect) + self.read(dataset, keys[1:], collect)
+            # Nothing measured yet: the first read, watched, says whether the rest should run
+            # at once (the first batch of a loader that waits arrives after about one read).
+            return self._first(dataset, keys, collect)
         if min(self.width, len(keys)) <= 1:
             return self._serial(dataset, keys, collect)
-        return self._parallel(dataset, keys, collect)
+        launched = self._launch(dataset, keys, min(self.width, len(keys)), thread_worker_info())
+        return self._gather(*launched, collect=collect)
 
-    def _serial(self, dataset: Any, keys: Sequence[Any], collect: bool) -> list[Any]:
+    def _first(self, dataset: Any, keys: Sequence[Any], collect: bool) -> list[Any]:
+        """Read ``keys[0]`` here while a pool thread watches it (:meth:`_watch`): if it waits,
+        the watcher begins the rest of the batch at once; else they follow as measured."""
+        pool = self._executor()
+        thread = threading.current_thread()
+        first = _FirstRead(thread, self._clock(), self._busy(thread))
+        pool.submit(self._watch, (first, dataset, keys[1:]))
+        try:
+            head = self._serial(dataset, keys[:1], collect, measure=False)
+        except BaseException:
+            with first.lock:
+                first.over = True
+                if first.rest is not None:
+                    for future in first.rest[0]:
+                        future.cancel()
+            raise
+        wall, cpu = self._last
+        with first.lock:
+            first.over = True
+            rest = first.rest
+        if rest is None:  # not judged to wait (yet): the rest as the first read measures
+            self._measured(wall, cpu)
+            return head + self.read(dataset, keys[1:], collect)
+        futures, times = rest
+        return head + self._gather(futures, times, collect=collect, also=(wall, cpu))
+
+    def _watch(self, job: tuple[_FirstRead, Any, Sequence[Any]]) -> None:
+        """On a pool thread: look at the first read now and then while it runs; once it has
+        taken PEEK seconds and PARALLEL_FROM times its busy seconds, begin the rest."""
+        first, dataset, rest = job
+        if first.busy < 0:  # (no way to read another thread's CPU time here)
+            return
+        while True:
+            with first.lock:
+                if first.over:
+                    return
+                wall = self._clock() - first.wall
+                if wall >= PEEK and wall >= PARALLEL_FROM * (self._busy(first.thread) - first.busy):
+                    first.rest = self._launch(dataset, rest, len(rest) + 1, first.info)
+                    return
+            # Often at first, then less: a read that computes for seconds is not slowed.
+            time.sleep(min(max(PEEK / 2, wall / 10), 0.05))
+
+    def _serial(
+        self, dataset: Any, keys: Sequence[Any], collect: bool, *, measure: bool = True
+    ) -> list[Any]:
+        """The reads one after another on this thread; their mean is measured (``measure``:
+        into the averages; else only kept in ``_last``)."""
         clock, cpu_clock = self._clock, self._cpu_clock
         start, cpu_start = clock(), cpu_clock()
         results: list[Any] = []
@@ -158,23 +278,43 @@ class SampleReads:
             else:
                 results.append(dataset[key])
         if keys:
-            self._measured((clock() - start) / len(keys), (cpu_clock() - cpu_start) / len(keys))
+            self._last = (clock() - start) / len(keys), (cpu_clock() - cpu_start) / len(keys)
+            if measure:
+                self._measured(*self._last)
         return results
 
-    def _parallel(self, dataset: Any, keys: Sequence[Any], collect: bool) -> list[Any]:
+    def _launch(
+        self, dataset: Any, keys: Sequence[Any], at_once: int, info: WorkerInfo | None
+    ) -> tuple[list[Future[Any]], list[tuple[float, float]]]:
+        """Begin every read of ``keys`` on the pool (at most ``limit`` run at once; ``at_once``
+        reads of this batch are in flight, for the statistics), each seeing ``info`` as its
+        worker's (the thread worker that asked for them); returns their futures, in key order,
+        and the list their times go into."""
         pool = self._executor()
-        self.peak_width = max(self.peak_width, min(self.width, len(keys)))
+        self.peak_width = max(self.peak_width, min(at_once, self.limit))
         clock, cpu_clock = self._clock, self._cpu_clock
         times: list[tuple[float, float]] = []
 
         def one(key: Any) -> Any:
+            set_thread_worker_info(info)
             start, cpu_start = clock(), cpu_clock()
             try:
                 return dataset[key]
             finally:
                 times.append((clock() - start, cpu_clock() - cpu_start))  # (atomic append)
 
-        futures: list[Future[Any]] = [pool.submit(one, key) for key in keys]
+        return [pool.submit(one, key) for key in keys], times
+
+    def _gather(
+        self,
+        futures: list[Future[Any]],
+        times: list[tuple[float, float]],
+        *,
+        collect: bool,
+        also: tuple[float, float] | None = None,
+    ) -> list[Any]:
+        """The results of reads :meth:`_launch` began, in key order (see :meth:`read`), then
+        their mean wall and CPU seconds (with ``also``, one more read's) into the averages."""
         results: list[Any] = []
         try:
             for future in futures:
@@ -191,9 +331,11 @@ class SampleReads:
             for future in futures:
                 future.cancel()
             raise
-        if times:
+        measured = [*times, also] if also is not None else times
+        if measured:
             self._measured(
-                sum(t[0] for t in times) / len(times), sum(t[1] for t in times) / len(times)
+                sum(t[0] for t in measured) / len(measured),
+                sum(t[1] for t in measured) / len(measured),
             )
         return results
 
@@ -226,7 +368,8 @@ class SampleReads:
             return
         deadline = perf_counter() + timeout
         for thread in pool.shutdown():
-            thread.join(max(deadline - perf_counter(), 0.0))
+            if thread.ident is not None:  # (one being started now leaves at its first task)
+                thread.join(max(deadline - perf_counter(), 0.0))
 
 
 class WaitJudge:
