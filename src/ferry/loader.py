@@ -13,6 +13,7 @@ import torch
 
 from ferry._batching import batch_count
 from ferry._core.alloc import BufferPool
+from ferry._core.rng import ready_to_fork
 from ferry._engine.autotune import Tuner
 from ferry._engine.failures import DEFAULT_STALL_WARNING, FailurePolicy, OnError
 from ferry._engine.iterator import InlineIterator, LoaderIterator
@@ -157,6 +158,8 @@ class DataLoader(TorchDataLoader[T_co]):
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
+        if num_workers > 0 and worker_type == "process":
+            ready_to_fork()  # (here, not on the way to the first batch)
 
         # torch's name and values: 1 for an iterable-style dataset, 0 for map-style.
         self._dataset_kind = 1 if iterable else 0

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, cast
 
+from ferry._core.rng import ready_to_fork
 from ferry._engine.aio import AsyncReads
 from ferry._engine.messages import NewSlab, Stack, Stop
 from ferry._engine.pin import Pinner
@@ -40,7 +41,6 @@ from ferry._engine.worker import (
     Activity,
     WorkerConfig,
     process_worker_main,
-    ready_to_fork,
     thread_worker_main,
 )
 

@@ -154,15 +154,6 @@ def _own_reads(limit: int) -> SampleReads | None:
     return _PROCESS_READS[0]
 
 
-def ready_to_fork() -> None:
-    """Import here, once, what every forked worker would otherwise import as it starts: numpy
-    loads ``numpy.random`` on first use, about 9 ms that each worker spent in
-    :func:`seed_process` before its first fetch (the first batch of ``num_workers="auto"`` at
-    10 ms a read waited on it)."""
-    if "numpy" in sys.modules and "numpy.random" not in sys.modules:
-        import numpy.random  # noqa: F401
-
-
 def seed_process(config: WorkerConfig) -> None:
     """Seed the worker's global generators as torch seeds its workers.
 
