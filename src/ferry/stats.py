@@ -38,15 +38,18 @@ Recording costs a few clock reads per batch (measured in BENCHMARKS.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from time import perf_counter
-from typing import Any
+from typing import Any, Literal
 
 from ferry._core.memory import COPY_ON_WRITE
 
 __all__ = ["LoaderStats", "WorkerStats"]
 
 _STAGES = ("sampler", "fetch", "collate", "hand_off", "wait", "pin")
+# The stages the main process times around a block of its own (StatsRecorder.timing).
+TimedStage = Literal["sampler", "hand_off", "pin"]
 # The loop blocked in next() at least this share of its time, waiting for at least this share
 # of the batches: the loader holds it back.
 LOADER_BOUND = 0.10
@@ -236,11 +239,19 @@ class LoaderStats:
 
 
 class StatsRecorder:
-    """The running figures of one epoch (internal: engines add to it, the loader reads it)."""
+    """The running figures of one epoch (internal: engines add to it, the loader reads it).
+
+    The stages say what happened, the recorder measures it: ``with stats.timing("sampler"):``
+    around a stage's block, a named method for each count (``batch_ready()``,
+    ``batch_waited()``, ``made_here(...)``, ``samples_skipped(n)``, ``worker_made(...)``), and
+    ``asked()`` / ``handed_out(asked)`` / ``epoch_ended(asked)`` around the loop's ``next()``.
+    Each is called once per batch at most and reads the clock at most twice; ``clock`` (the
+    seconds of :func:`time.perf_counter`) is a parameter for tests."""
 
     __slots__ = (
         "batches",
         "busy",
+        "clock",
         "collate",
         "cpu",
         "cpu_made",
@@ -264,8 +275,9 @@ class StatsRecorder:
         "waited",
     )
 
-    def __init__(self, num_workers: int) -> None:
-        self.started = perf_counter()
+    def __init__(self, num_workers: int, clock: Callable[[], float] = perf_counter) -> None:
+        self.clock = clock
+        self.started = clock()
         self.ended: float | None = None
         self.batches = self.ready = self.waited = self.hand_off_bytes = self.skipped = 0
         self.sampler = self.fetch = self.collate = self.hand_off = self.wait = self.pin = 0.0
@@ -282,19 +294,50 @@ class StatsRecorder:
         # wall seconds those batches took (fetch and collate): see fetch.CPU_SAMPLE.
         self.cpu = self.cpu_made = 0.0
 
-    def handed_out(self, asked: float) -> float:
-        """A batch was handed out to a loop that asked for it at ``asked``; returns now."""
-        got = perf_counter()
+    # -- what the stages tell it -------------------------------------------------------------
+
+    def timing(self, stage: TimedStage) -> _Timing:
+        """``with stats.timing(stage) as start:`` adds the block's seconds to ``stage`` (also
+        when it raises); ``start`` is the clock when the block began."""
+        return _Timing(self, stage)
+
+    def asked(self) -> float:
+        """The loop called ``next()``: the clock now, for ``handed_out`` or ``epoch_ended``."""
+        return self.clock()
+
+    def handed_out(self, asked: float) -> None:
+        """A batch was handed out to a loop that asked for it at ``asked``."""
+        got = self.clock()
         self.wait += got - asked
         if not self.batches:
             self.first_batch, self.first_wait = got - self.started, got - asked
         self.batches += 1
-        return got
 
     def epoch_ended(self, asked: float) -> None:
         """The loop asked at ``asked`` and learned that the epoch is over."""
-        self.ended = perf_counter()
+        self.ended = self.clock()
         self.wait += self.ended - asked
+
+    def batch_ready(self) -> None:
+        """The batch the loop asked for had arrived already (made while the loop worked)."""
+        self.ready += 1
+
+    def batch_waited(self) -> None:
+        """The loop had to wait for the batch it asked for."""
+        self.waited += 1
+
+    def made_here(self, fetch_s: float, collate_s: float, cpu_s: float) -> None:
+        """The inline engine made a batch on demand in the loop's ``next()`` (so never ready
+        before it was asked): its fetch and collate seconds, and the CPU seconds they used
+        (-1: unmeasured)."""
+        self.waited += 1
+        self.fetch += fetch_s
+        self.collate += collate_s
+        self.cpu_used(fetch_s + collate_s, cpu_s)
+
+    def samples_skipped(self, count: int) -> None:
+        """``on_error="skip"`` dropped ``count`` samples of a batch."""
+        self.skipped += count
 
     def cpu_used(self, made: float, cpu: float) -> None:
         """A batch that took ``made`` wall seconds used ``cpu`` CPU seconds (-1: unmeasured)."""
@@ -322,8 +365,10 @@ class StatsRecorder:
         self.busy[worker_id] += timing.made_s + timing.hand_off_s
         self.made[worker_id] += 1
 
+    # -- what the loader reads ---------------------------------------------------------------
+
     def result(self, engine: str, tuning: str = "") -> LoaderStats:
-        end = self.ended if self.ended is not None else perf_counter()
+        end = self.ended if self.ended is not None else self.clock()
         wall = max(end - self.started, 1e-9)
         workers = tuple(
             WorkerStats(i, made, busy, min(busy / wall, 1.0), latest, max(latest - first, 0))
@@ -365,3 +410,21 @@ class StatsRecorder:
                 self.shared.held_peak_bytes() if self.shared is not None else 0
             ),
         )
+
+
+class _Timing:
+    """The context manager of ``StatsRecorder.timing`` (one per timed block: a few slots)."""
+
+    __slots__ = ("_recorder", "_stage", "_start")
+
+    def __init__(self, recorder: StatsRecorder, stage: TimedStage) -> None:
+        self._recorder = recorder
+        self._stage = stage
+
+    def __enter__(self) -> float:
+        self._start = start = self._recorder.clock()
+        return start
+
+    def __exit__(self, *exc: object) -> None:
+        recorder, stage = self._recorder, self._stage
+        setattr(recorder, stage, getattr(recorder, stage) + recorder.clock() - self._start)

@@ -22,7 +22,6 @@ import hashlib
 import warnings
 import weakref
 from dataclasses import replace
-from time import perf_counter
 from typing import Any
 
 import torch
@@ -217,7 +216,7 @@ class LoaderIterator(TorchLoaderIterator):
 
     def __next__(self) -> Any:
         track = self._track
-        asked = perf_counter()
+        asked = track.stats.asked()
         try:
             delivery = self._next_batch()
             if delivery.outcome is not None:  # on_error="skip" counted samples
@@ -226,7 +225,7 @@ class LoaderIterator(TorchLoaderIterator):
             track.finished = True
             track.stats.epoch_ended(asked)
             raise
-        got = track.stats.handed_out(asked)
+        track.stats.handed_out(asked)
         # The one place the position moves: the batch is now the user's.
         track.delivered(delivery.number, delivery.worker_id, delivery.worker)
         track.yielded += 1
@@ -234,9 +233,8 @@ class LoaderIterator(TorchLoaderIterator):
             self._check_length(track.yielded)
         if not self._plan.pin:
             return delivery.batch
-        batch = self._pinned(delivery.batch, delivery.number)
-        track.stats.pin += perf_counter() - got
-        return batch
+        with track.stats.timing("pin"):
+            return self._pinned(delivery.batch, delivery.number)
 
     def _kept(self, delivery: Delivery) -> Delivery:
         """With ``on_error="skip"``: count the samples ``delivery`` dropped, and pass over the
@@ -288,7 +286,7 @@ class LoaderIterator(TorchLoaderIterator):
         takes the run past its budget: a resume does not fetch either again."""
         assert delivery.outcome is not None
         seen, dropped = delivery.outcome
-        track.stats.skipped += len(dropped)
+        track.stats.samples_skipped(len(dropped))
         try:
             track.budget.add(seen, dropped)
         except TooManyErrors:
@@ -413,20 +411,16 @@ class InlineIterator(LoaderIterator):
 
     def _next_batch(self) -> Delivery:
         stats = self._track.stats
-        start = perf_counter()
         try:
-            number, key = next(self._track.keys)
+            with stats.timing("sampler"):
+                number, key = next(self._track.keys)
         except StopIteration:
             self._end_reads()
             raise
-        stats.sampler += perf_counter() - start
         try:
             made = make_batch(self._fetcher, key, self._allocator, self._skip)
         except StopIteration:  # (a map-style dataset's ends the epoch)
             self._end_reads()
             raise
-        stats.waited += 1  # made on demand: never ready before it is asked
-        stats.fetch += made.fetch_s
-        stats.collate += made.collate_s
-        stats.cpu_used(made.fetch_s + made.collate_s, made.cpu_s)
+        stats.made_here(made.fetch_s, made.collate_s, made.cpu_s)
         return Delivery(made.batch, number, 0, None, made.outcome)

@@ -212,18 +212,15 @@ class WorkerIterator(Incidents, LoaderIterator):
         """Hand the next key of the epoch to a worker, if there is a key and a free worker."""
         if self._keys_done or not self._schedule.can_assign() or self._group.closed:
             return
-        stats = self._track.stats
-        start = time.perf_counter()
         try:
-            index, key = next(self._track.keys)
+            with self._track.stats.timing("sampler") as start:
+                index, key = next(self._track.keys)
         except StopIteration:
             self._keys_done = True
             # The slabs the main process lets go of from now on are retired, not kept for
             # tasks that will not come this epoch (a worker with nothing left keeps no GBs).
             self._channel.no_more_tasks()
             return
-        finally:
-            stats.sampler += time.perf_counter() - start
         task_id, task = self._schedule.assign(index, key, sent=start)
         try:
             self._channel.send_task(self._workers[task.worker_id], task_id, key)
@@ -328,13 +325,13 @@ class WorkerIterator(Incidents, LoaderIterator):
             if not self._in_order:
                 ready = schedule.first_arrived()
                 if ready is not None:
-                    stats.waited += 1
+                    stats.batch_waited()
                     self._read_ahead()
                     return self._deliver(ready)
         if waited:
-            stats.waited += 1
+            stats.batch_waited()
         else:
-            stats.ready += 1
+            stats.batch_ready()
         return self._deliver(schedule.next_yield)
 
     def _read_ahead(self) -> None:
@@ -441,9 +438,8 @@ class WorkerIterator(Incidents, LoaderIterator):
                 if message.empty:
                     task.result = DROPPED
                     return
-                decoding = time.perf_counter()
-                task.result = self._channel.batch(worker_id, message)
-                stats.hand_off += time.perf_counter() - decoding
+                with stats.timing("hand_off"):
+                    task.result = self._channel.batch(worker_id, message)
                 if self._group.pinner is not None:
                     task.result = self._group.pinner.submit(task.result)
             case _:
