@@ -445,7 +445,7 @@ def test_setting_iterator_to_none_stops_persistent_workers(worker_type: str) -> 
     loader._iterator = None  # what Lightning does between stages
     assert loader._iterator is None
     for worker in workers:
-        if worker.thread is not None:
+        if worker_type == "thread":
             worker.thread.join(5)
             assert not worker.thread.is_alive()
         else:  # stopped, reaped and closed by the shutdown

@@ -58,12 +58,12 @@ def test_a_slab_announced_without_its_descriptor_yet_does_not_block() -> None:
     import pickle
 
     from ferry._engine.channels import ProcessChannel
-    from ferry._engine.group import WorkerHandle
+    from ferry._engine.group import ProcessHandle
     from ferry._engine.messages import Done, NewSlab
     from ferry._engine.slabfile import send_fd
 
     ours, theirs = multiprocessing.Pipe(duplex=True)
-    worker = WorkerHandle(0, conn=ours)
+    worker = ProcessHandle(0, multiprocessing.Process(), ours)  # (not started: its pipe is read)
     read = ProcessChannel._read
     fd = os.memfd_create("ferry-test")
     try:

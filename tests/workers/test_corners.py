@@ -2,6 +2,7 @@
 
 * ``iter(loader)._workers``: handles with ``pid``, ``exitcode``, ``name``, ``is_alive()`` and
   ``join()``, answering as torch's process objects do, also after the epoch ended.
+* A stopping group reads a worker's pipe as the channel does but maps no slab it announces.
 * A map-style ``__getitem__`` raising StopIteration ends the epoch (the for-loop just stops)
   after the batches torch yields before it; the workers are stopped, not dead.
 * A worker process that dies with several batches of its stream in flight is reported once,
@@ -25,7 +26,7 @@ import torch.utils.data as tud
 
 import ferry
 from _support import datasets as ds
-from _support.processes import Kind, descendants, ferry_threads, reaped
+from _support.processes import Kind, descendants, ferry_threads, open_fds, reaped
 from ferry._engine.group import WorkerHandle
 from ferry.errors import WorkerDied
 from workers import corner_datasets as cd
@@ -144,6 +145,40 @@ def test_thread_worker_handles() -> None:
     assert [w.is_alive() for w in workers] == [False, False]
     assert not {t.name for t in ferry_threads() if t.is_alive()} & {w.name for w in workers}
     assert [w.pid for w in workers] == [os.getpid()] * 2
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd_create on this platform")
+def test_a_stopping_group_reads_a_pipe_without_mapping_its_slabs() -> None:
+    """The shutdown reads a worker's pipe one step at a time, as the channel does, but keeps no
+    slab: a slab's descriptor is closed as it comes, nothing is mapped."""
+    import multiprocessing
+    import pickle
+
+    from ferry._engine.group import ProcessHandle
+    from ferry._engine.messages import NewSlab, Stop
+    from ferry._engine.slabfile import send_fd
+
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    worker = ProcessHandle(0, multiprocessing.Process(), ours)  # (not started: its pipe is read)
+    fd = os.memfd_create("ferry-test")
+    try:
+        os.ftruncate(fd, 4096)
+        theirs.send_bytes(pickle.dumps(NewSlab(7, 4096)))
+        send_fd(theirs, fd)
+        theirs.send_bytes(pickle.dumps(Stop()))
+        before = open_fds()
+        assert worker.receive(keep_slabs=False) == NewSlab(7, 4096)
+        assert worker.slabs.awaiting == NewSlab(7, 4096)
+        assert worker.receive(keep_slabs=False) is None  # the descriptor: received, closed
+        assert (worker.slabs.awaiting, open_fds()) == (None, before)
+        assert isinstance(worker.receive(keep_slabs=False), Stop)
+        assert worker.slabs.held_bytes() == 0
+    finally:
+        os.close(fd)
+        ours.close()
+        theirs.close()
+        worker.slabs.close()
 
 
 # -- StopIteration from a map-style __getitem__ ---------------------------------------------------

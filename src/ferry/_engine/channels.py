@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-import pickle
 import queue
 import select
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from multiprocessing.connection import wait
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
-from ferry._engine.group import WorkerGroup, WorkerHandle
+from ferry._engine.group import ProcessHandle, ThreadHandle, WorkerGroup, WorkerHandle
 from ferry._engine.messages import (
     Done,
     Exhausted,
@@ -52,10 +51,11 @@ __all__ = [
     "ThreadChannel",
     "WorkerGone",
     "WorkerMessage",
-    "open_channel",
 ]
 
 WorkerMessage = Ready | Done | Exhausted | Failed | Stack
+
+H = TypeVar("H", bound=WorkerHandle)
 
 
 class WorkerGone(Exception):
@@ -66,10 +66,11 @@ class WorkerGone(Exception):
         self.worker = worker
 
 
-class Channel(ABC):
-    """Sends tasks to a group's workers and receives their messages (see the module doc)."""
+class Channel(ABC, Generic[H]):
+    """Sends tasks to a group's workers (handles of type ``H``) and receives their messages
+    (see the module doc)."""
 
-    def __init__(self, group: WorkerGroup) -> None:
+    def __init__(self, group: WorkerGroup[H]) -> None:
         self.workers = group.workers
 
     def send_task(self, worker: WorkerHandle, task: int, key: Any) -> None:
@@ -116,19 +117,19 @@ class Channel(ABC):
     def batch(self, worker_id: int, done: Done) -> Any:
         """The batch a :class:`Done` carries, ready for the user."""
 
-    def replaced(self, old: WorkerHandle, new: WorkerHandle) -> None:
+    def replaced(self, old: H, new: H) -> None:
         """Worker ``old`` died and ``new`` took its place (process workers only)."""
         raise NotImplementedError(f"{type(self).__name__} does not replace workers")
 
 
-class ProcessChannel(Channel):
-    def __init__(self, group: WorkerGroup) -> None:
+class ProcessChannel(Channel[ProcessHandle]):
+    def __init__(self, group: WorkerGroup[ProcessHandle]) -> None:
         super().__init__(group)
         # Every pipe and every sentinel, fixed once the workers have started: registered once
         # in a poll object (multiprocessing's wait() builds a selector on every call, which
         # costs tens of microseconds a batch).
-        self._pipes: dict[int, WorkerHandle] = {}
-        self._sentinels: dict[int, WorkerHandle] = {}
+        self._pipes: dict[int, ProcessHandle] = {}
+        self._sentinels: dict[int, ProcessHandle] = {}
         self._poller = select.poll() if hasattr(select, "poll") else None
         for worker in self.workers:
             self._watch(worker)
@@ -157,16 +158,14 @@ class ProcessChannel(Channel):
         handles = [*self._group.workers, *self._group.replaced]
         return sum(worker.slabs.held_peak for worker in handles)
 
-    def _watch(self, worker: WorkerHandle) -> None:
-        assert worker.conn is not None
-        assert worker.process is not None
+    def _watch(self, worker: ProcessHandle) -> None:
         pipe, sentinel = worker.conn.fileno(), worker.process.sentinel
         self._pipes[pipe] = self._sentinels[sentinel] = worker
         if self._poller is not None:
             self._poller.register(pipe, select.POLLIN)
             self._poller.register(sentinel, select.POLLIN)
 
-    def replaced(self, old: WorkerHandle, new: WorkerHandle) -> None:
+    def replaced(self, old: ProcessHandle, new: ProcessHandle) -> None:
         """Worker ``old`` died and ``new`` took its place: watch the new one instead."""
         for fds in (self._pipes, self._sentinels):
             for fd in [fd for fd, worker in fds.items() if worker is old]:
@@ -198,38 +197,32 @@ class ProcessChannel(Channel):
             worker = self._sentinels.get(fd)
             if worker is None:
                 continue
-            assert worker.conn is not None
             while worker.conn.poll(0):  # its last words first
                 if (message := self._read(worker)) is not None:
                     return worker.worker_id, message
             raise WorkerGone(worker)
         return None
 
-    def _read(self, worker: WorkerHandle) -> WorkerMessage | None:
+    def _read(self, worker: ProcessHandle) -> WorkerMessage | None:
         """The worker's next message, reading only what is already there, so a worker stopped
         (SIGSTOP) between a slab's announcement, its descriptor and its batch cannot block the
         loop and its ``timeout``: None when only a slab arrived so far."""
-        conn, slabs = worker.conn, worker.slabs
-        assert conn is not None
         try:
             while True:
-                if slabs.awaiting is not None:
-                    slabs.take_descriptor(conn, worker.worker_id)
-                else:
-                    message = pickle.loads(conn.recv_bytes())
-                    if not isinstance(message, NewSlab):
-                        break
-                    slabs.announced(message, worker.worker_id)
+                message = worker.receive()  # (a slab's announcement or descriptor: mapped)
+                if isinstance(message, NewSlab):
                     if message.fallback and not self._warned:
                         self._warned = True
                         _warn_fallback(message)
-                if not conn.poll(0):
+                elif message is not None:
+                    break
+                if not worker.conn.poll(0):
                     return None
         except (EOFError, OSError):
             raise WorkerGone(worker) from None
         assert isinstance(message, (Ready, Done, Exhausted, Failed, Stack)), message
         if isinstance(message, (Done, Exhausted, Failed)):
-            slabs.answered()
+            worker.slabs.answered()
         return message
 
     def batch(self, worker_id: int, done: Done) -> Any:
@@ -257,8 +250,8 @@ def _warn_fallback(slab: NewSlab) -> None:
     )
 
 
-class ThreadChannel(Channel):
-    def __init__(self, group: WorkerGroup) -> None:
+class ThreadChannel(Channel[ThreadHandle]):
+    def __init__(self, group: WorkerGroup[ThreadHandle]) -> None:
         super().__init__(group)
         self._outbox = group.outbox
 
@@ -272,7 +265,6 @@ class ThreadChannel(Channel):
             got: tuple[int, WorkerMessage] = self._outbox.get(timeout=wait_for)
         except queue.Empty:
             for worker in self.workers:
-                assert worker.thread is not None
                 if not worker.thread.is_alive() and in_flight[worker.worker_id]:
                     raise WorkerGone(worker) from None
             return None
@@ -280,8 +272,3 @@ class ThreadChannel(Channel):
 
     def batch(self, worker_id: int, done: Done) -> Any:
         return done.payload
-
-
-def open_channel(group: WorkerGroup, threads: bool) -> Channel:
-    """The channel to a started group of thread or process workers."""
-    return ThreadChannel(group) if threads else ProcessChannel(group)

@@ -1,5 +1,10 @@
 """A group of workers: started together, stopped together.
 
+Each worker is held by a handle of its kind: a :class:`ProcessHandle` (its process, and its
+end of a duplex pipe) or a :class:`ThreadHandle` (its thread, its queue of tasks, and what it
+is doing); both are :class:`WorkerHandle`, which answers like torch's ``iter(loader)._workers``
+entries. A group holds workers of one kind.
+
 Starting: process workers get one duplex pipe each and are started with the loader's
 multiprocessing context (a dataset or function that cannot be pickled under spawn or forkserver
 is named in the error); thread workers get a queue each and share one result queue.
@@ -9,7 +14,8 @@ terminate, then kill, each with a deadline, so every worker is gone within about
 whatever it is doing. It runs from the iterator's ``weakref.finalize``, so the group holds no
 reference to the iterator. At interpreter exit (an uncaught KeyboardInterrupt: Ctrl-C) a worker
 in the middle of a fetch is terminated as soon as it says so, since nothing will take its batch
-and the user is waiting for the prompt; idle workers still leave cleanly.
+and the user is waiting for the prompt; idle workers still leave cleanly. The steps of each kind
+are its own (:func:`_stop_processes`, :func:`_stop_threads`), set as the group's workers start.
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from ferry._core.rng import ready_to_fork
 from ferry._engine.aio import AsyncReads
@@ -47,11 +53,18 @@ from ferry._engine.worker import (
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-__all__ = ["WorkerGroup", "WorkerHandle", "start_processes", "start_threads"]
+__all__ = [
+    "ProcessHandle",
+    "ThreadHandle",
+    "WorkerGroup",
+    "WorkerHandle",
+    "start_processes",
+    "start_threads",
+]
 
 # Shutdown deadlines (seconds): stop politely, then SIGTERM, then SIGKILL.
 _JOIN_AFTER_STOP = 0.5
-# A worker that has left its loop and is exiting (see WorkerGroup.shutdown).
+# A worker that has left its loop and is exiting (see _stop_processes).
 _JOIN_LEAVING = 3.0
 _JOIN_AFTER_TERMINATE = 0.5
 _JOIN_AFTER_KILL = 0.5
@@ -63,69 +76,136 @@ _JOIN_THREADS = 0.2
 _JOIN_THREADS_AT_EXIT = 5.0
 
 
-@dataclass
-class WorkerHandle:
-    """The main process's end of one worker: its process and pipe, or its thread and queue,
-    and the slabs it has shared."""
+class WorkerHandle(ABC):
+    """The main process's end of one worker, of either kind, and the slabs it has shared.
 
-    worker_id: int
-    process: BaseProcess | None = None
-    conn: Connection | None = None
-    thread: threading.Thread | None = None
-    inbox: queue.SimpleQueue[Any] | None = None
-    slabs: SlabMaps = field(default_factory=SlabMaps)
-    pid: int | None = None
-    # Once the group is shut down, the process object is closed: how it ended is kept here.
-    ended: bool = False
+    Like torch's ``iter(loader)._workers`` entries (multiprocessing processes), which user
+    code reads: ``pid``, ``exitcode``, ``name``, ``is_alive()`` and ``join()`` answer also after
+    the epoch ended and the workers were stopped. A thread worker's pid is the main process's.
+    """
+
+    # How it ended: a process worker's once it was joined; a thread has none.
     exitcode: int | None = None
-    # A thread worker's activity, which the main thread reads for stall reports.
-    activity: Activity | None = None
-    # When it was started (time.monotonic()), and whether it said it is ready (its set-up,
-    # worker_init_fn included, is done): a stall report tells start-up from a stuck fetch.
-    started: float = field(default_factory=time.monotonic)
-    ready: bool = False
 
-    # Like torch's ``iter(loader)._workers`` entries (multiprocessing processes), which user
-    # code reads: ``pid``, ``exitcode``, ``is_alive()`` and ``join()`` answer also after the
-    # epoch ended and the workers were stopped. A thread worker's pid is the main process's.
+    def __init__(self, worker_id: int, pid: int | None) -> None:
+        self.worker_id = worker_id
+        self.pid = pid
+        # (a thread worker's stay empty: its batches are handed over as they are)
+        self.slabs = SlabMaps()
+        # When it was started (time.monotonic()), and whether it said it is ready (its set-up,
+        # worker_init_fn included, is done): a stall report tells start-up from a stuck fetch.
+        self.started = time.monotonic()
+        self.ready = False
 
     @property
     def name(self) -> str:
         return f"ferry-worker-{self.worker_id}"
 
+    @abstractmethod
+    def is_alive(self) -> bool: ...
+
+    @abstractmethod
+    def join(self, timeout: float | None = None) -> None: ...
+
+    @abstractmethod
+    def send(self, message: Any) -> None:
+        """Hand the worker a message (OSError or ValueError: it is gone)."""
+
+
+class ProcessHandle(WorkerHandle):
+    """A worker process: its process object and the main process's end of their pipe."""
+
+    def __init__(self, worker_id: int, process: BaseProcess, conn: Connection) -> None:
+        super().__init__(worker_id, None)  # (its pid once it is started)
+        self.process = process
+        self.conn = conn
+        # Once the group is shut down (or the worker replaced), the process object is closed:
+        # how it ended is kept here.
+        self.ended = False
+        self.exitcode: int | None = None
+
     def is_alive(self) -> bool:
-        if self.thread is not None:
-            return self.thread.is_alive()
-        if self.ended or self.process is None or self.pid is None:
-            return False
-        return self.process.is_alive()
+        return not self.ended and self.process.is_alive()
 
     def join(self, timeout: float | None = None) -> None:
-        if self.thread is not None:
-            if self.thread.ident is not None:
-                self.thread.join(timeout)
-        elif not self.ended and self.process is not None and self.pid is not None:
+        if not self.ended:
             self.process.join(timeout)
             self.exitcode = self.process.exitcode
 
     def send(self, message: Any) -> None:
-        if self.conn is not None:
-            # Plain pickle, not multiprocessing's: its tensor reduction would share index
-            # tensors through file descriptors and start a descriptor-sharing thread for good.
-            self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-        else:
-            assert self.inbox is not None
-            self.inbox.put(message)
+        # Plain pickle, not multiprocessing's: its tensor reduction would share index tensors
+        # through file descriptors and start a descriptor-sharing thread for good.
+        self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def receive(self, *, keep_slabs: bool = True) -> Any:
+        """One step of what the worker sent; call only when the pipe has something to read.
+
+        One step at a time, so that a worker stopped (SIGSTOP) between a slab's announcement,
+        its descriptor and its batch cannot block the reader: the next message (a
+        :class:`NewSlab` included), or None when the step was the descriptor of a slab
+        announced without a name. Its slabs are mapped (:class:`SlabMaps`); with
+        ``keep_slabs=False`` (the group is stopping) none is mapped and a descriptor is closed
+        as it comes. EOFError or OSError: the pipe closed.
+        """
+        slabs = self.slabs
+        if slabs.awaiting is not None:
+            if keep_slabs:
+                slabs.take_descriptor(self.conn, self.worker_id)
+            else:
+                slabs.awaiting = None
+                os.close(recv_fd(self.conn))
+            return None
+        message = pickle.loads(self.conn.recv_bytes())
+        if isinstance(message, NewSlab):
+            if keep_slabs:
+                slabs.announced(message, self.worker_id)
+            elif message.name is None:
+                slabs.awaiting = message  # its descriptor follows
+        return message
 
 
-class WorkerGroup:
-    """The workers of one iterator: started together, stopped together.
+class ThreadHandle(WorkerHandle):
+    """A worker thread: its thread, its queue of tasks, and its activity, which the main
+    thread reads for stall reports."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        thread: threading.Thread,
+        inbox: queue.SimpleQueue[Any],
+        activity: Activity,
+    ) -> None:
+        super().__init__(worker_id, os.getpid())
+        self.thread = thread
+        self.inbox = inbox
+        self.activity = activity
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.thread.ident is not None:
+            self.thread.join(timeout)
+
+    def send(self, message: Any) -> None:
+        self.inbox.put(message)
+
+    def stack(self) -> Stack:
+        """What it is doing now, read from this thread."""
+        return self.activity.stack(self.worker_id, self.thread.ident)
+
+
+H = TypeVar("H", bound=WorkerHandle)
+
+
+class WorkerGroup(Generic[H]):
+    """The workers of one iterator, all of one kind: started together, stopped together.
 
     Holds no reference to the iterator, so the iterator's finalizer can stop the group.
     """
 
     def __init__(self) -> None:
-        self.workers: list[WorkerHandle] = []
+        self.workers: list[H] = []
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # thread workers' results
         self.closed = False
         # Set at shutdown: thread workers check it before each fetch, so they do not work
@@ -137,12 +217,15 @@ class WorkerGroup:
         # Whether the workers' slabs travel by name (see ferry._engine.slabfile).
         self.named_slabs = False
         # Dead workers that were replaced (max_worker_restarts), kept for their slabs.
-        self.replaced: list[WorkerHandle] = []
+        self.replaced: list[H] = []
         # pin_memory=True: the thread that pins the workers' batches as they arrive.
         self.pinner: Pinner | None = None
         # Thread workers of a map-style dataset: their shared per-sample reads (reads.py); an
         # async dataset's workers: its reads on an event loop (aio.py).
         self.reads: SampleReads | AsyncReads | None = None
+        # How its workers stop: their kind's steps (_stop_processes, _stop_threads), set as
+        # they start. Returns the deadline the group's other threads (its reads) share.
+        self.stop_workers: Callable[[WorkerGroup[H], bool], float] = _none_started
 
     def shutdown(self) -> None:
         """Stop every worker within about two seconds, whatever state it is in."""
@@ -153,91 +236,11 @@ class WorkerGroup:
         exiting = interpreter_exiting()
         if self.pinner is not None:
             self.pinner.close()
-        started = [w for w in self.workers if w.pid is not None or w.thread is not None]
-        for worker in started:
-            with contextlib.suppress(OSError, ValueError):  # already gone
-                worker.send(Stop())
-        processes = [w for w in started if w.process is not None]
-        # Each process worker answers Stop at once, saying whether it is in a fetch. At exit
-        # such a worker is terminated then and there, as torch's are (multiprocessing's atexit
-        # terminates daemonic children): waiting out a fetch nobody will use only delays Ctrl-C.
-        # Otherwise it gets _JOIN_AFTER_STOP to end its fetch and leave.
-        leaving = self._drain_until_exit(
-            processes, time.monotonic() + _JOIN_AFTER_STOP, end_busy=exiting
-        )
-        # Workers that said they are leaving are finalizing their interpreter (a spawned one
-        # with torch loaded takes about half a second): let them finish rather than SIGTERM.
-        finishing = [w for w in processes if w.worker_id in leaving and _alive(w)]
-        self._drain_until_exit(finishing, time.monotonic() + _JOIN_LEAVING)
-        for step, grace in (("terminate", _JOIN_AFTER_TERMINATE), ("kill", _JOIN_AFTER_KILL)):
-            alive = [w for w in processes if _alive(w)]
-            if not alive:
-                break
-            for worker in alive:
-                assert worker.process is not None
-                getattr(worker.process, step)()
-            self._drain_until_exit(alive, time.monotonic() + grace)
-        deadline = time.monotonic() + _JOIN_THREADS
-        for worker in self.workers:
-            if worker.process is not None and worker.pid is not None:
-                worker.process.join(0)
-                if not worker.process.is_alive():
-                    worker.exitcode = worker.process.exitcode
-                    worker.ended = True
-                    worker.process.close()  # its sentinel's descriptor goes now
-                if self.named_slabs:  # names a worker made but the main process never opened
-                    remove_names(self.owner_pid, worker.pid)
-            if worker.conn is not None:
-                worker.conn.close()
-            worker.slabs.close()
-            if worker.thread is not None and worker.thread.is_alive():
-                worker.thread.join(max(0.0, deadline - time.monotonic()))
+        deadline = self.stop_workers(self, exiting)
         for worker in self.replaced:
             worker.slabs.close()
         if self.reads is not None:  # after the workers: no read is asked for any more
             self.reads.close(max(0.0, deadline - time.monotonic()))
-
-    @staticmethod
-    def _drain_until_exit(
-        workers: list[WorkerHandle], deadline: float, *, end_busy: bool = False
-    ) -> set[int]:
-        """Wait for the processes to exit, reading (and dropping) what they still send, so none
-        blocks on a full pipe; file descriptors of slabs that arrive are closed. Returns the
-        ids of the workers that said they are leaving (their loop ended). ``end_busy``: a
-        worker that says it is in a fetch is terminated."""
-        leaving: set[int] = set()
-        sentinels = {w.process.sentinel: w for w in workers if w.process is not None}
-        conns = {w.conn: w for w in workers if w.conn is not None}
-        while sentinels and (left := deadline - time.monotonic()) > 0:
-            for ready in wait([*sentinels, *conns], timeout=left):
-                if isinstance(ready, int):
-                    # The sentinel fires as the child closes its files, just before it can
-                    # be reaped: a short blocking join collects it instead of leaving a zombie.
-                    process = sentinels.pop(ready).process
-                    assert process is not None
-                    process.join(max(0.05, deadline - time.monotonic()))
-                    continue
-                conn = cast(Connection, ready)
-                slabs = conns[conn].slabs
-                try:
-                    # One step at a time, as the channel reads (a stopped worker may not have
-                    # sent a slab's descriptor yet).
-                    if slabs.awaiting is not None:
-                        slabs.awaiting = None
-                        os.close(recv_fd(conn))
-                        continue
-                    message = pickle.loads(conn.recv_bytes())
-                    if isinstance(message, NewSlab) and message.name is None:
-                        slabs.awaiting = message
-                    elif isinstance(message, Stop):
-                        leaving.add(conns[conn].worker_id)
-                    elif end_busy and isinstance(message, Stack) and message.task is not None:
-                        process = conns[conn].process
-                        assert process is not None
-                        process.terminate()
-                except (EOFError, OSError):
-                    conns.pop(conn, None)
-        return leaving
 
 
 def interpreter_exiting() -> bool:
@@ -246,11 +249,97 @@ def interpreter_exiting() -> bool:
     return not threading.main_thread().is_alive()
 
 
-def _alive(worker: WorkerHandle) -> bool:
-    return worker.process is not None and worker.process.is_alive()
+def _none_started(group: WorkerGroup[Any], exiting: bool) -> float:
+    return time.monotonic() + _JOIN_THREADS
 
 
-def start_processes(group: WorkerGroup, configs: list[WorkerConfig], context: Any) -> None:
+def _ask_to_stop(workers: Sequence[WorkerHandle]) -> None:
+    for worker in workers:
+        with contextlib.suppress(OSError, ValueError):  # already gone
+            worker.send(Stop())
+
+
+def _stop_processes(group: WorkerGroup[ProcessHandle], exiting: bool) -> float:
+    """Process workers: Stop, then SIGTERM, then SIGKILL, each with its deadline; then each is
+    reaped and its pipe and slabs closed. ``exiting``: the interpreter is exiting."""
+    processes = group.workers
+    _ask_to_stop(processes)
+    # Each process worker answers Stop at once, saying whether it is in a fetch. At exit such a
+    # worker is terminated then and there, as torch's are (multiprocessing's atexit terminates
+    # daemonic children): waiting out a fetch nobody will use only delays Ctrl-C. Otherwise it
+    # gets _JOIN_AFTER_STOP to end its fetch and leave.
+    leaving = _drain_until_exit(processes, time.monotonic() + _JOIN_AFTER_STOP, end_busy=exiting)
+    # Workers that said they are leaving are finalizing their interpreter (a spawned one with
+    # torch loaded takes about half a second): let them finish rather than SIGTERM.
+    finishing = [w for w in processes if w.worker_id in leaving and w.process.is_alive()]
+    _drain_until_exit(finishing, time.monotonic() + _JOIN_LEAVING)
+    for step, grace in (("terminate", _JOIN_AFTER_TERMINATE), ("kill", _JOIN_AFTER_KILL)):
+        alive = [w for w in processes if w.process.is_alive()]
+        if not alive:
+            break
+        for worker in alive:
+            getattr(worker.process, step)()
+        _drain_until_exit(alive, time.monotonic() + grace)
+    deadline = time.monotonic() + _JOIN_THREADS
+    for worker in processes:
+        if worker.pid is not None:
+            worker.process.join(0)
+            if not worker.process.is_alive():
+                worker.exitcode = worker.process.exitcode
+                worker.ended = True
+                worker.process.close()  # its sentinel's descriptor goes now
+            if group.named_slabs:  # names a worker made but the main process never opened
+                remove_names(group.owner_pid, worker.pid)
+        worker.conn.close()
+        worker.slabs.close()
+    return deadline
+
+
+def _drain_until_exit(
+    workers: list[ProcessHandle], deadline: float, *, end_busy: bool = False
+) -> set[int]:
+    """Wait for the processes to exit, reading (and dropping) what they still send, so none
+    blocks on a full pipe; file descriptors of slabs that arrive are closed. Returns the ids of
+    the workers that said they are leaving (their loop ended). ``end_busy``: a worker that says
+    it is in a fetch is terminated."""
+    leaving: set[int] = set()
+    sentinels = {w.process.sentinel: w for w in workers}
+    conns = {w.conn: w for w in workers}
+    while sentinels and (left := deadline - time.monotonic()) > 0:
+        for ready in wait([*sentinels, *conns], timeout=left):
+            if isinstance(ready, int):
+                # The sentinel fires as the child closes its files, just before it can be
+                # reaped: a short blocking join collects it instead of leaving a zombie.
+                sentinels.pop(ready).process.join(max(0.05, deadline - time.monotonic()))
+                continue
+            worker = conns[cast(Connection, ready)]
+            try:
+                message = worker.receive(keep_slabs=False)
+                if isinstance(message, Stop):
+                    leaving.add(worker.worker_id)
+                elif end_busy and isinstance(message, Stack) and message.task is not None:
+                    worker.process.terminate()
+            except (EOFError, OSError):
+                conns.pop(worker.conn, None)
+    return leaving
+
+
+def _stop_threads(group: WorkerGroup[ThreadHandle], exiting: bool) -> float:
+    """Thread workers: Stop, then a short wait for each (a thread cannot be interrupted: it
+    leaves after its current fetch)."""
+    _ask_to_stop(group.workers)
+    deadline = time.monotonic() + _JOIN_THREADS
+    for worker in group.workers:
+        worker.slabs.close()
+        if worker.thread.is_alive():
+            worker.thread.join(max(0.0, deadline - time.monotonic()))
+    return deadline
+
+
+def start_processes(
+    group: WorkerGroup[ProcessHandle], configs: list[WorkerConfig], context: Any
+) -> None:
+    group.stop_workers = _stop_processes
     with _collector_frozen(context):
         for config in configs:
             group.workers.append(_start_process(config, context))
@@ -277,15 +366,15 @@ def _collector_frozen(context: Any) -> Iterator[None]:
         gc.unfreeze()
 
 
-def replace_process(group: WorkerGroup, config: WorkerConfig, context: Any) -> WorkerHandle:
+def replace_process(
+    group: WorkerGroup[ProcessHandle], config: WorkerConfig, context: Any
+) -> ProcessHandle:
     """Start a process in place of worker ``config.worker_id``, which died: the dead one's
     pipe and process object are closed (its slabs stay mapped while batches use them)."""
     old = group.workers[config.worker_id]
-    assert old.process is not None
     old.process.join(0.1)
     old.exitcode, old.ended = old.process.exitcode, True
-    if old.conn is not None:
-        old.conn.close()
+    old.conn.close()
     with contextlib.suppress(ValueError):  # (still running only if join timed out)
         old.process.close()
     if group.named_slabs and old.pid is not None:
@@ -297,7 +386,7 @@ def replace_process(group: WorkerGroup, config: WorkerConfig, context: Any) -> W
     return new
 
 
-def _start_process(config: WorkerConfig, context: Any) -> WorkerHandle:
+def _start_process(config: WorkerConfig, context: Any) -> ProcessHandle:
     parent_end, child_end = context.Pipe(duplex=True)
     process = context.Process(
         target=process_worker_main,
@@ -305,7 +394,7 @@ def _start_process(config: WorkerConfig, context: Any) -> WorkerHandle:
         name=f"ferry-worker-{config.worker_id}",
         daemon=True,
     )
-    worker = WorkerHandle(config.worker_id, process=process, conn=parent_end)
+    worker = ProcessHandle(config.worker_id, process, parent_end)
     try:
         process.start()
     except Exception as exc:
@@ -347,7 +436,7 @@ def _explain_start_failure(exc: Exception, config: WorkerConfig, context: Any) -
     return exc
 
 
-_thread_groups: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
+_thread_groups: weakref.WeakSet[WorkerGroup[ThreadHandle]] = weakref.WeakSet()
 
 
 @atexit.register
@@ -357,13 +446,16 @@ def _join_thread_workers_at_exit() -> None:
     for group in list(_thread_groups):
         group.stopping.set()
         for worker in group.workers:
-            if worker.thread is not None and worker.thread.is_alive():
+            if worker.thread.is_alive():
                 with contextlib.suppress(Exception):
-                    worker.inbox.put(Stop())  # type: ignore[union-attr]
+                    worker.send(Stop())
                 worker.thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def start_threads(group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPlan) -> None:
+def start_threads(
+    group: WorkerGroup[ThreadHandle], configs: list[WorkerConfig], plan: EpochPlan
+) -> None:
+    group.stop_workers = _stop_threads
     _thread_groups.add(group)
     pool = plan.buffer_pool
     for config in configs:
@@ -376,9 +468,5 @@ def start_threads(group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPl
             name=f"ferry-worker-{config.worker_id}",
             daemon=True,
         )
-        group.workers.append(
-            WorkerHandle(
-                config.worker_id, thread=thread, inbox=inbox, pid=os.getpid(), activity=activity
-            )
-        )
+        group.workers.append(ThreadHandle(config.worker_id, thread, inbox, activity))
         thread.start()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
+from typing import Any
 
 from ferry._engine.channels import Channel, WorkerGone, WorkerMessage
 from ferry._engine.cursor import WorkerCursor
@@ -45,10 +46,10 @@ class Incidents:
 
     _plan: EpochPlan
     _iterable_style: bool
-    _kind: WorkerKind
-    _group: WorkerGroup
+    _kind: WorkerKind[Any]
+    _group: WorkerGroup[Any]
     _workers: list[WorkerHandle]
-    _channel: Channel
+    _channel: Channel[Any]
     _configs: list[WorkerConfig]
     _schedule: Scheduler
     _latest: list[WorkerCursor]
@@ -160,12 +161,9 @@ class Incidents:
                 raise self._died(new) from None
 
     def _died(self, worker: WorkerHandle) -> WorkerDied:
-        exitcode = None
-        if worker.process is not None:
-            worker.process.join(0.1)
-            exitcode = worker.process.exitcode
+        worker.join(0.1)  # (a thread has no exit code)
         return WorkerDied(
-            worker.worker_id, worker.pid, exitcode, self._in_flight_of(worker.worker_id)
+            worker.worker_id, worker.pid, worker.exitcode, self._in_flight_of(worker.worker_id)
         )
 
     def _timeout_error(self) -> WorkerTimeout:

@@ -10,7 +10,10 @@ say what they are doing, and talk to the main process: chosen once per iterator
   generators and one pool of per-sample reads; batches are handed over as they are; a thread
   dies only of a bug of ferry's, so it is never replaced; its stack is read from here.
 
-The teardown of both is :meth:`ferry._engine.group.WorkerGroup.shutdown`.
+Each kind's workers are held by handles of its own (:class:`~ferry._engine.group.ProcessHandle`,
+:class:`~ferry._engine.group.ThreadHandle`), which its channel and its methods take. The
+teardown of both is :meth:`ferry._engine.group.WorkerGroup.shutdown`, which runs the steps of
+the group's kind.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from ferry._core.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.channels import Channel, ProcessChannel, ThreadChannel
 from ferry._engine.group import (
+    ProcessHandle,
+    ThreadHandle,
     WorkerGroup,
     WorkerHandle,
     replace_process,
@@ -37,9 +43,12 @@ from ferry._engine.worker import WorkerConfig
 
 __all__ = ["ProcessWorkers", "ThreadWorkers", "WorkerKind", "worker_kind"]
 
+H = TypeVar("H", bound=WorkerHandle)
 
-class WorkerKind:
-    """What differs between process and thread workers (see the module docstring)."""
+
+class WorkerKind(Generic[H]):
+    """What differs between process and thread workers, whose handles are ``H`` (see the
+    module docstring)."""
 
     name = ""
     # Each worker reports (and, on resume, restores) its own generators: processes have
@@ -59,19 +68,19 @@ class WorkerKind:
         """The pool of per-sample reads every worker of the group shares, if any."""
         return None
 
-    def start(self, group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPlan) -> None:
+    def start(self, group: WorkerGroup[H], configs: list[WorkerConfig], plan: EpochPlan) -> None:
         raise NotImplementedError
 
-    def channel(self, group: WorkerGroup) -> Channel:
+    def channel(self, group: WorkerGroup[H]) -> Channel[H]:
         raise NotImplementedError
 
-    def replace(self, group: WorkerGroup, config: WorkerConfig, plan: EpochPlan) -> WorkerHandle:
+    def replace(self, group: WorkerGroup[H], config: WorkerConfig, plan: EpochPlan) -> H:
         """Start a worker in the place of ``config.worker_id``, which died."""
         raise NotImplementedError(f"{self.name} workers are not replaced")
 
     def stacks(
         self,
-        workers: list[WorkerHandle],
+        workers: list[H],
         holding: list[int],
         answers: Callable[[list[int]], dict[int, Stack]],
     ) -> dict[int, Stack]:
@@ -80,7 +89,7 @@ class WorkerKind:
         raise NotImplementedError
 
 
-class ProcessWorkers(WorkerKind):
+class ProcessWorkers(WorkerKind[ProcessHandle]):
     name = "process"
     tracks_rng = True
     replaceable = True
@@ -89,18 +98,22 @@ class ProcessWorkers(WorkerKind):
     def slabs_by_name(self) -> bool:
         return named_slabs()
 
-    def start(self, group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPlan) -> None:
+    def start(
+        self, group: WorkerGroup[ProcessHandle], configs: list[WorkerConfig], plan: EpochPlan
+    ) -> None:
         start_processes(group, configs, _context(plan))
 
-    def channel(self, group: WorkerGroup) -> Channel:
+    def channel(self, group: WorkerGroup[ProcessHandle]) -> Channel[ProcessHandle]:
         return ProcessChannel(group)
 
-    def replace(self, group: WorkerGroup, config: WorkerConfig, plan: EpochPlan) -> WorkerHandle:
+    def replace(
+        self, group: WorkerGroup[ProcessHandle], config: WorkerConfig, plan: EpochPlan
+    ) -> ProcessHandle:
         return replace_process(group, config, _context(plan))
 
     def stacks(
         self,
-        workers: list[WorkerHandle],
+        workers: list[ProcessHandle],
         holding: list[int],
         answers: Callable[[list[int]], dict[int, Stack]],
     ) -> dict[int, Stack]:
@@ -111,31 +124,33 @@ class ProcessWorkers(WorkerKind):
         return answers(holding)
 
 
-class ThreadWorkers(WorkerKind):
+class ThreadWorkers(WorkerKind[ThreadHandle]):
     name = "thread"
 
     def shared_reads(self) -> SampleReads | None:
         return SampleReads()
 
-    def start(self, group: WorkerGroup, configs: list[WorkerConfig], plan: EpochPlan) -> None:
+    def start(
+        self, group: WorkerGroup[ThreadHandle], configs: list[WorkerConfig], plan: EpochPlan
+    ) -> None:
         if plan.iterable_style:
             check_thread_sharding(plan.dataset)
         publish_threads_to_torch()
         start_threads(group, configs, plan)
 
-    def channel(self, group: WorkerGroup) -> Channel:
+    def channel(self, group: WorkerGroup[ThreadHandle]) -> Channel[ThreadHandle]:
         return ThreadChannel(group)
 
     def stacks(
         self,
-        workers: list[WorkerHandle],
+        workers: list[ThreadHandle],
         holding: list[int],
         answers: Callable[[list[int]], dict[int, Stack]],
     ) -> dict[int, Stack]:
         return thread_stacks(workers, holding)  # (read from here: they share this process)
 
 
-def worker_kind(worker_type: str) -> WorkerKind:
+def worker_kind(worker_type: str) -> WorkerKind[Any]:
     """The kind of workers ``worker_type`` ("process" or "thread") names."""
     return ThreadWorkers() if worker_type == "thread" else ProcessWorkers()
 

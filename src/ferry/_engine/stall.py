@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ferry._engine.group import WorkerHandle
+from ferry._engine.group import ThreadHandle
 from ferry._engine.messages import Stack
 from ferry.errors import describe_key
 
@@ -41,14 +41,9 @@ class Holder(NamedTuple):
     starting_for: float | None  # seconds since it was started, if not ready yet
 
 
-def thread_stacks(workers: Sequence[WorkerHandle], worker_ids: list[int]) -> dict[int, Stack]:
+def thread_stacks(workers: Sequence[ThreadHandle], worker_ids: list[int]) -> dict[int, Stack]:
     """What thread workers ``worker_ids`` are doing, read from the main thread."""
-    stacks = {}
-    for worker_id in worker_ids:
-        worker = workers[worker_id]
-        if worker.activity is not None and worker.thread is not None:
-            stacks[worker_id] = worker.activity.stack(worker_id, worker.thread.ident)
-    return stacks
+    return {worker_id: workers[worker_id].stack() for worker_id in worker_ids}
 
 
 def stall_message(
