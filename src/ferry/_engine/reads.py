@@ -155,12 +155,13 @@ class _Pool:
 
 class _FirstRead:
     """The loader's first read, as a watcher sees it: when it began (wall and busy seconds
-    of the thread reading), and the reads of the rest of its batch once the watcher began
-    them (``over``: the read ended, nothing more is begun)."""
+    of the thread reading; None: not yet), and the reads of the rest of its batch once the
+    watcher began them (``over``: the read ended, nothing more is begun)."""
 
-    def __init__(self, thread: threading.Thread, wall: float, busy: float) -> None:
+    def __init__(self, thread: threading.Thread) -> None:
         self.lock = threading.Lock()
-        self.thread, self.wall, self.busy = thread, wall, busy
+        self.thread = thread
+        self.began: tuple[float, float] | None = None
         self.info = thread_worker_info()  # (made on the reading thread)
         self.over = False
         self.rest: tuple[list[Future[Any]], list[tuple[float, float]]] | None = None
@@ -221,8 +222,13 @@ class SampleReads:
         the watcher begins the rest of the batch at once; else they follow as measured."""
         pool = self._executor()
         thread = threading.current_thread()
-        first = _FirstRead(thread, self._clock(), self._busy(thread))
+        first = _FirstRead(thread)
         pool.submit(self._watch, (first, dataset, keys[1:]))
+        # (from here: the watcher's start, which may take a while on a busy machine, is not
+        # part of the read it judges)
+        began = self._clock(), self._busy(thread)
+        with first.lock:
+            first.began = began
         try:
             head = self._serial(dataset, keys[:1], collect, measure=False)
         except BaseException:
@@ -246,18 +252,20 @@ class SampleReads:
         """On a pool thread: look at the first read now and then while it runs; once it has
         taken PEEK seconds and PARALLEL_FROM times its busy seconds, begin the rest."""
         first, dataset, rest = job
-        if first.busy < 0:  # (no way to read another thread's CPU time here)
-            return
+        wall = 0.0
         while True:
-            with first.lock:
-                if first.over:
-                    return
-                wall = self._clock() - first.wall
-                if wall >= PEEK and wall >= PARALLEL_FROM * (self._busy(first.thread) - first.busy):
-                    first.rest = self._launch(dataset, rest, len(rest) + 1, first.info)
-                    return
             # Often at first, then less: a read that computes for seconds is not slowed.
             time.sleep(min(max(PEEK / 2, wall / 10), 0.05))
+            with first.lock:
+                if first.over or (first.began is not None and first.began[1] < 0):
+                    return  # (it ended; or no way to read another thread's CPU time here)
+                if first.began is None:
+                    continue
+                wall = self._clock() - first.began[0]
+                busy = self._busy(first.thread) - first.began[1]
+                if wall >= PEEK and wall >= PARALLEL_FROM * busy:
+                    first.rest = self._launch(dataset, rest, len(rest) + 1, first.info)
+                    return
 
     def _serial(
         self, dataset: Any, keys: Sequence[Any], collect: bool, *, measure: bool = True
