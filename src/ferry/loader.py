@@ -158,8 +158,14 @@ class DataLoader(TorchDataLoader[T_co]):
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
-        if num_workers > 0 and worker_type == "process":
-            ready_to_fork()  # (here, not on the way to the first batch)
+        if num_workers > 0:
+            # What the first iter() would do once per process, done here instead of on the
+            # way to the first batch: the worker engine's modules (about 13 ms), and numpy's
+            # random module for the workers to seed (see ready_to_fork).
+            import ferry._engine.pool  # noqa: F401
+
+            if worker_type == "process":
+                ready_to_fork()
 
         # torch's name and values: 1 for an iterable-style dataset, 0 for map-style.
         self._dataset_kind = 1 if iterable else 0
