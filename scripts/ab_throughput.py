@@ -7,6 +7,7 @@ over rounds is printed.
 
     git worktree add /tmp/base <commit>
     .venv/bin/python scripts/ab_throughput.py /tmp/base/src src --rounds 5
+    .venv/bin/python scripts/ab_throughput.py /tmp/base/src src --rounds 15 --engines inline
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ def main() -> None:
     parser.add_argument("baseline", help="src directory of the baseline tree")
     parser.add_argument("candidate", help="src directory of the candidate tree")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--engines", default="inline,process,thread", help="comma-separated: which to run"
+    )
     args = parser.parse_args()
-    for workers, kind in ((0, "process"), (2, "process"), (2, "thread")):
+    engines = {"inline": (0, "process"), "process": (2, "process"), "thread": (2, "thread")}
+    for workers, kind in (engines[name] for name in args.engines.split(",")):
         runs: dict[str, list[float]] = {"baseline": [], "candidate": []}
         for _ in range(args.rounds):
             runs["baseline"].append(rate(args.baseline, workers, kind))
