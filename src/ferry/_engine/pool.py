@@ -33,7 +33,7 @@ from ferry._engine.group import (
 from ferry._engine.incidents import Incidents
 from ferry._engine.iterator import LoaderIterator
 from ferry._engine.keys import stateful_part
-from ferry._engine.kinds import ProcessWorkers, ThreadWorkers, worker_kind
+from ferry._engine.kinds import ThreadWorkers, worker_kind
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
@@ -94,10 +94,10 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._replays = (
             self._kind.copies_dataset and not plan.iterable_style and stateful_part(plan.dataset)
         )
-        # num_workers="auto": process workers whose reads wait, or whose memory grows past what
-        # the system has, give way to threads (switch.py, _become_threads).
-        processes = isinstance(self._kind, ProcessWorkers)
-        self._switch = ThreadSwitch(plan, processes, self._replays)
+        # num_workers="auto": workers that each hold a copy of the dataset (processes), whose
+        # reads wait or whose memory grows past what the system has, give way to threads
+        # (switch.py, _become_threads).
+        self._switch = ThreadSwitch(plan, self._kind.copies_dataset, self._replays)
         self._start_group()
 
     def _start_group(self) -> None:

@@ -40,10 +40,12 @@ __all__ = ["ThreadSwitch", "measure_at_end"]
 class ThreadSwitch:
     """Whether, and why, an auto loader's process workers should become threads now."""
 
-    def __init__(self, plan: EpochPlan, processes: bool, replays: bool) -> None:
+    def __init__(self, plan: EpochPlan, copies: bool, replays: bool) -> None:
+        """``copies``: each worker holds its own copy of the dataset (process workers);
+        ``replays``: resumed workers fetch keys again (see WorkerCursor.since)."""
         self.active = (
             plan.threads_if_waiting
-            and processes
+            and copies
             and not plan.iterable_style
             and not replays
             and not stateful_part(plan.dataset)
