@@ -128,7 +128,9 @@ class ThreadWorkers(WorkerKind[ThreadHandle]):
     name = "thread"
 
     def shared_reads(self) -> SampleReads | None:
-        return SampleReads()
+        reads = SampleReads()
+        reads.warm()
+        return reads
 
     def start(
         self, group: WorkerGroup[ThreadHandle], configs: list[WorkerConfig], plan: EpochPlan

@@ -115,9 +115,17 @@ class _Pool:
             thread.start()
         return future
 
-    def _new_thread(self) -> threading.Thread | None:
-        """A thread for a waiting task, if one waits and the limit allows (lock held)."""
-        if self._spare >= 0 or self._shut or len(self._threads) >= self._limit:
+    def warm(self) -> None:
+        """Start one thread now, to wait for the first task (see SampleReads.warm)."""
+        with self._lock:
+            thread = None if self._threads else self._new_thread(needed=False)
+        if thread is not None:
+            thread.start()
+
+    def _new_thread(self, needed: bool = True) -> threading.Thread | None:
+        """A thread for a waiting task, if one waits (or not ``needed``) and the limit allows
+        (lock held)."""
+        if (needed and self._spare >= 0) or self._shut or len(self._threads) >= self._limit:
             return None
         thread = threading.Thread(
             target=self._run, name=f"ferry-read-{len(self._threads)}", daemon=True
@@ -357,6 +365,14 @@ class SampleReads:
                 self.cpu += SMOOTHING * (cpu - self.cpu)
             ratio = self.ratio
             self.width = 1 if ratio < PARALLEL_FROM else min(self.limit, math.ceil(ratio))
+
+    def warm(self) -> None:
+        """Start the pool's first thread now, as the workers start: it watches the loader's
+        first read. Started in the first batch instead, the wait for it to run (milliseconds on
+        a loaded machine) counted as waiting in that batch's time, which ``num_workers="auto"``
+        judges (a CPU-bound dataset could pass for reads that wait)."""
+        if self.wall is None:
+            self._executor().warm()
 
     def _executor(self) -> _Pool:
         with self._lock:

@@ -150,7 +150,9 @@ def _own_reads(limit: int) -> SampleReads | None:
     if not limit:
         return None
     if not _PROCESS_READS:
-        _PROCESS_READS.append(SampleReads(limit))
+        reads = SampleReads(limit)
+        reads.warm()
+        _PROCESS_READS.append(reads)
     return _PROCESS_READS[0]
 
 
