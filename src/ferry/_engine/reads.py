@@ -201,7 +201,6 @@ class SampleReads:
         self.cpu: float | None = None
         self.width = 1
         self.peak_width = 1  # the most reads of one batch run at once (for the statistics)
-        self._last = (0.0, 0.0)  # the last serial reads' mean wall and CPU seconds
         if measured is not None:  # (one read's wall and CPU seconds, measured elsewhere)
             self._measured(*measured)
 
@@ -238,7 +237,7 @@ class SampleReads:
         with first.lock:
             first.began = began
         try:
-            head = self._serial(dataset, keys[:1], collect, measure=False)
+            head, wall, cpu = self._timed(dataset, keys[:1], collect)
         except BaseException:
             with first.lock:
                 first.over = True
@@ -246,7 +245,6 @@ class SampleReads:
                     for future in first.rest[0]:
                         future.cancel()
             raise
-        wall, cpu = self._last
         with first.lock:
             first.over = True
             rest = first.rest
@@ -275,11 +273,17 @@ class SampleReads:
                     first.rest = self._launch(dataset, rest, len(rest) + 1, first.info)
                     return
 
-    def _serial(
-        self, dataset: Any, keys: Sequence[Any], collect: bool, *, measure: bool = True
-    ) -> list[Any]:
-        """The reads one after another on this thread; their mean is measured (``measure``:
-        into the averages; else only kept in ``_last``)."""
+    def _serial(self, dataset: Any, keys: Sequence[Any], collect: bool) -> list[Any]:
+        """The reads one after another on this thread, measured into the averages."""
+        results, wall, cpu = self._timed(dataset, keys, collect)
+        if keys:
+            self._measured(wall, cpu)
+        return results
+
+    def _timed(
+        self, dataset: Any, keys: Sequence[Any], collect: bool
+    ) -> tuple[list[Any], float, float]:
+        """The reads one after another on this thread, and their mean wall and CPU seconds."""
         clock, cpu_clock = self._clock, self._cpu_clock
         start, cpu_start = clock(), cpu_clock()
         results: list[Any] = []
@@ -293,11 +297,8 @@ class SampleReads:
                     results.append(Failed(exc))
             else:
                 results.append(dataset[key])
-        if keys:
-            self._last = (clock() - start) / len(keys), (cpu_clock() - cpu_start) / len(keys)
-            if measure:
-                self._measured(*self._last)
-        return results
+        count = max(len(keys), 1)
+        return results, (clock() - start) / count, (cpu_clock() - cpu_start) / count
 
     def _launch(
         self, dataset: Any, keys: Sequence[Any], at_once: int, info: WorkerInfo | None
