@@ -84,7 +84,10 @@ class _TimedFetch:
     # parallel reads, only its own share): against fetch_s + collate_s, how much it waited.
     # Measured for the first batches and one in CPU_SAMPLE after (a CPU clock read is a system
     # call, 0.4 us, a real share of the cheapest batches); -1 for a batch not measured. The
-    # first CPU_FIRST also count the time the thread waited for a CPU (busy_time).
+    # first CPU_FIRST, which num_workers="auto" judges (do the reads wait? reads.WaitJudge),
+    # also count the time the thread waited for a CPU (reads.busy_of, about 10 us a read): on
+    # a machine with more runnable threads than CPUs that wait is not a read that waits, and
+    # counted as one it would move CPU-bound work to threads.
     cpu_s = -1.0
     _fetched = 0
     outcome: Outcome = (0, ())
@@ -99,19 +102,6 @@ class _TimedFetch:
         batch = self.collate_fn(samples)
         self.fetch_s, self.collate_s = fetched - started, perf_counter() - fetched
         return batch
-
-
-def busy_time() -> float:
-    """Seconds this thread ran on a CPU plus seconds it was ready to run but waited for one
-    (:func:`ferry._engine.reads.busy_of`).
-
-    The first batches a fetcher measures are judged (``num_workers="auto"``: do the reads wait?
-    see ferry._engine.reads.WaitJudge): on a machine with more runnable threads than CPUs, the
-    time a worker waited for a CPU is not a read that waits, and counting it as one would
-    move CPU-bound work to threads. One read costs about 10 us, so later batches use the CPU
-    clock alone.
-    """
-    return busy_of()
 
 
 class MapFetcher(_TimedFetch):
@@ -143,7 +133,7 @@ class MapFetcher(_TimedFetch):
         if self._fetched > CPU_FIRST and self._fetched % CPU_SAMPLE:
             self.cpu_s = -1.0
             return self._fetch(key)
-        clock = busy_time if self._fetched <= CPU_FIRST else thread_time
+        clock = busy_of if self._fetched <= CPU_FIRST else thread_time
         cpu = clock()
         try:
             return self._fetch(key)
