@@ -329,9 +329,12 @@ def _stop_threads(group: WorkerGroup[ThreadHandle], exiting: bool) -> float:
     leaves after its current fetch)."""
     _ask_to_stop(group.workers)
     deadline = time.monotonic() + _JOIN_THREADS
+    # (the iterator's finalizer runs where the garbage collector freed it: possibly on one
+    # of its own worker threads, which leaves by itself once asked)
+    here = threading.current_thread()
     for worker in group.workers:
         worker.slabs.close()
-        if worker.thread.is_alive():
+        if worker.thread.is_alive() and worker.thread is not here:
             worker.thread.join(max(0.0, deadline - time.monotonic()))
     return deadline
 
