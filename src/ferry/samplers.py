@@ -53,6 +53,7 @@ __all__ = [
     "SubsetRandomSampler",
     "TensorChunkSampler",
     "WeightedRandomSampler",
+    "first_draw_bytes",
     "index_batches",
     "index_chunks",
 ]
@@ -63,6 +64,9 @@ T_co = TypeVar("T_co", covariant=True)
 # sequence identical for the same generator state.
 _REPLACEMENT_DRAW = 32
 _SEQUENTIAL_CHUNK = 1 << 16
+# Bytes a drawn key can take: an int64 in a tensor, and a Python int in a list (28 bytes and a
+# pointer), where the keys are not taken as tensors.
+_KEY_BYTES = 8 + 28 + 8
 
 
 def pending_start(sampler: object) -> dict[str, Any] | None:
@@ -460,6 +464,26 @@ def index_batches(
     if chunks is None:
         return None
     return rebatch(chunks, batch_sampler.batch_size, batch_sampler.drop_last)
+
+
+def first_draw_bytes(sampler: object) -> int | None:
+    """At most how many bytes a built-in sampler's iteration holds once it has given its first
+    key: the keys drawn with it (a chunk of a sequence, 32 draws with replacement, else the
+    whole order at once). None for a user's sampler, which may hold anything."""
+    if not is_builtin_sampler(sampler):
+        return None
+    assert isinstance(sampler, Sized)
+    if isinstance(sampler, SequentialSampler):
+        keys = min(len(sampler), _SEQUENTIAL_CHUNK)
+    elif isinstance(sampler, RandomSampler) and sampler.replacement:
+        keys = _REPLACEMENT_DRAW
+    else:
+        keys = len(sampler)
+        # (a DistributedSampler orders the whole dataset, then keeps its rank's share)
+        data = getattr(sampler, "dataset", None)
+        if isinstance(data, Sized):
+            keys = max(keys, len(data))
+    return keys * _KEY_BYTES
 
 
 def run_keys(sampler: object, run: SamplerRun) -> Iterator[Any]:

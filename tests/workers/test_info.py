@@ -20,6 +20,7 @@ import torch.utils.data as tud
 import ferry
 from _support import datasets as ds
 from _support.processes import FAST, PROCESSES, Kind, worker_pids
+from ferry._core import rng
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -121,6 +122,28 @@ def test_numpy_rng_matches_torch() -> None:
     expected = torch_probe(4, 5)
     got = probe(ferry, 4, 5, multiprocessing_context="fork")
     assert [s["numpy"] for s in got] == [s["numpy"] for s in expected]
+
+
+def test_seed_torch_is_torch_manual_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's torch seeding gives torch.manual_seed's state; where torch was built with an
+    accelerator backend, it is torch.manual_seed itself (which also seeds that backend)."""
+    saved = torch.get_rng_state()
+    try:
+        torch.manual_seed(77)
+        expected = torch.get_rng_state()
+        torch.manual_seed(1)
+        rng.seed_torch(77)
+        assert torch.equal(torch.get_rng_state(), expected)
+        assert torch.initial_seed() == 77
+        cpu_only = not torch.backends.cuda.is_built() and not torch.backends.mps.is_built()
+        assert rng._cpu_only_torch() is (cpu_only and not torch.xpu._is_compiled())
+        calls: list[int] = []
+        monkeypatch.setattr(rng, "_CPU_ONLY", [False])
+        monkeypatch.setattr(torch, "manual_seed", calls.append)
+        rng.seed_torch(5)
+        assert calls == [5]
+    finally:
+        torch.set_rng_state(saved)
 
 
 @pytest.mark.timeout(60)

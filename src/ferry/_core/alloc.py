@@ -25,7 +25,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["Allocator", "BufferPool", "batch_empty", "using_allocator"]
+__all__ = ["Allocator", "BufferPool", "batch_empty", "expect_batch", "using_allocator"]
 
 _local = threading.local()
 
@@ -53,6 +53,38 @@ def batch_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 def active_allocator() -> Allocator | None:
     """This thread's allocator, if a loader installed one."""
     return getattr(_local, "allocator", None)
+
+
+def expect_batch(sample: object, count: int) -> None:
+    """A batch of ``count`` samples like ``sample`` is on its way, its reads still running:
+    this thread's allocator may prepare the batch's memory now, while they wait (one that can:
+    a worker process's slabs, see ``SlabAllocator.expect``)."""
+    expect = getattr(getattr(_local, "allocator", None), "expect", None)
+    if expect is None:
+        return
+    leaves: list[int] = []
+    _leaf_bytes(sample, count, leaves, depth=0)
+    if leaves:
+        expect(leaves)
+
+
+def _leaf_bytes(sample: object, count: int, leaves: list[int], depth: int) -> None:
+    """The bytes of each tensor collate makes of ``count`` samples like ``sample`` (tensors,
+    arrays and numbers; what else it holds is left out: an estimate)."""
+    if isinstance(sample, torch.Tensor):
+        leaves.append(sample.nbytes * count)
+    elif isinstance(sample, (bool, int, float)):
+        leaves.append(8 * count)
+    elif depth < 8 and isinstance(sample, dict):
+        for value in sample.values():
+            _leaf_bytes(value, count, leaves, depth + 1)
+    elif depth < 8 and isinstance(sample, (tuple, list)):
+        for value in sample:
+            _leaf_bytes(value, count, leaves, depth + 1)
+    else:
+        nbytes = getattr(sample, "nbytes", None)  # a numpy array
+        if isinstance(nbytes, int) and hasattr(sample, "dtype"):
+            leaves.append(nbytes * count)
 
 
 class using_allocator:

@@ -121,6 +121,10 @@ class Channel(ABC, Generic[H]):
         """Worker ``old`` died and ``new`` took its place (process workers only)."""
         raise NotImplementedError(f"{type(self).__name__} does not replace workers")
 
+    def joined(self, workers: Sequence[H]) -> None:
+        """``workers`` were started after the channel was made (they are in the group's list)."""
+        return
+
 
 class ProcessChannel(Channel[ProcessHandle]):
     def __init__(self, group: WorkerGroup[ProcessHandle]) -> None:
@@ -164,6 +168,10 @@ class ProcessChannel(Channel[ProcessHandle]):
         if self._poller is not None:
             self._poller.register(pipe, select.POLLIN)
             self._poller.register(sentinel, select.POLLIN)
+
+    def joined(self, workers: Sequence[ProcessHandle]) -> None:
+        for worker in workers:
+            self._watch(worker)
 
     def replaced(self, old: ProcessHandle, new: ProcessHandle) -> None:
         """Worker ``old`` died and ``new`` took its place: watch the new one instead."""

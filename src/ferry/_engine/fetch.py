@@ -89,6 +89,9 @@ class _TimedFetch:
     # a machine with more runnable threads than CPUs that wait is not a read that waits, and
     # counted as one it would move CPU-bound work to threads.
     cpu_s = -1.0
+    # Of a measured batch whose reads ran at once on other threads: their wall and CPU
+    # seconds, summed, and their count (SampleReads.last_parallel); None otherwise.
+    parallel: tuple[float, float, int] | None = None
     _fetched = 0
     outcome: Outcome = (0, ())
 
@@ -131,7 +134,7 @@ class MapFetcher(_TimedFetch):
     def fetch(self, key: Any) -> Any:
         self._fetched += 1
         if self._fetched > CPU_FIRST and self._fetched % CPU_SAMPLE:
-            self.cpu_s = -1.0
+            self.cpu_s, self.parallel = -1.0, None
             return self._fetch(key)
         clock = busy_of if self._fetched <= CPU_FIRST else thread_time
         cpu = clock()
@@ -139,6 +142,8 @@ class MapFetcher(_TimedFetch):
             return self._fetch(key)
         finally:
             self.cpu_s = clock() - cpu
+            if isinstance(self.reads, SampleReads):
+                self.parallel = self.reads.last_parallel()
 
     def _fetch(self, key: Any) -> Any:
         start = perf_counter()
@@ -329,6 +334,7 @@ class Made:
     collate_s: float
     cpu_s: float  # -1: not measured (see CPU_SAMPLE)
     outcome: Outcome | None  # on_error="skip": (samples tried, samples dropped)
+    parallel: tuple[float, float, int] | None = None  # (see _TimedFetch.parallel)
 
     def timing(self, hand_off_s: float = 0.0, hand_off_bytes: int = 0) -> Timing:
         """This batch's :class:`~ferry._engine.messages.Timing`, with its hand-off."""
@@ -349,7 +355,7 @@ def make_batch(
     except BatchDropped:
         batch = DROPPED
     outcome = fetcher.outcome if skip else None
-    return Made(batch, fetcher.fetch_s, fetcher.collate_s, fetcher.cpu_s, outcome)
+    return Made(batch, fetcher.fetch_s, fetcher.collate_s, fetcher.cpu_s, outcome, fetcher.parallel)
 
 
 def make_fetcher(

@@ -38,6 +38,7 @@ from ferry._core.rng import generator_from_state, generator_state, set_generator
 from ferry._engine.plan import EpochPlan
 from ferry.samplers import (
     SamplerRun,
+    first_draw_bytes,
     index_batches,
     is_builtin_batch_sampler,
     is_builtin_sampler,
@@ -272,6 +273,15 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         self._restore_generator = cursor.sampler_generator if skipping and cursor else None
         self._generator_start: str | None = None
         self.kind, self._keys = self._open(tensor_batches, cursor, self._skip)
+
+    def first_draw_bytes(self) -> int | None:
+        """At most how many bytes drawing the epoch's first key leaves in this process (see
+        :func:`ferry.samplers.first_draw_bytes`); None when a user's sampler draws it."""
+        if self.kind == "stream":
+            return 0
+        if self.kind == "builtin":
+            return first_draw_bytes(self._builtin_sampler)
+        return None
 
     # -- opening -------------------------------------------------------------------------------
 

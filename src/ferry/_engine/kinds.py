@@ -45,6 +45,10 @@ __all__ = ["ProcessWorkers", "ThreadWorkers", "WorkerKind", "worker_kind"]
 
 H = TypeVar("H", bound=WorkerHandle)
 
+# The most bytes the epoch's first key may leave in the main process, for worker 0 to be sent
+# its first task before the other workers are forked (each of which would keep that much).
+EARLY_DRAW_LIMIT = 1 << 20
+
 
 class WorkerKind(Generic[H]):
     """What differs between process and thread workers, whose handles are ``H`` (see the
@@ -69,7 +73,13 @@ class WorkerKind(Generic[H]):
         return None
 
     def start(self, group: WorkerGroup[H], configs: list[WorkerConfig], plan: EpochPlan) -> None:
+        """Start the workers of ``configs`` (more may be started later, in order)."""
         raise NotImplementedError
+
+    def send_before_all_start(self, plan: EpochPlan, first_draw_bytes: int | None) -> bool:
+        """Whether worker 0 may be sent its first task before the others are started, drawing
+        the epoch's first key (leaving up to ``first_draw_bytes`` here; None: unknown)."""
+        return False
 
     def channel(self, group: WorkerGroup[H]) -> Channel[H]:
         raise NotImplementedError
@@ -102,6 +112,15 @@ class ProcessWorkers(WorkerKind[ProcessHandle]):
         self, group: WorkerGroup[ProcessHandle], configs: list[WorkerConfig], plan: EpochPlan
     ) -> None:
         start_processes(group, configs, _context(plan))
+
+    def send_before_all_start(self, plan: EpochPlan, first_draw_bytes: int | None) -> bool:
+        # Starting a process takes milliseconds (a fork copies the page tables of a process
+        # holding torch; spawn pickles the dataset), so the first batch begins a worker's start
+        # sooner. A worker forked after the draw shares the pages it left, and keeps them alone
+        # once this process has let them go: only a draw known to be small goes first.
+        if _context(plan).get_start_method() != "fork":
+            return True
+        return first_draw_bytes is not None and first_draw_bytes <= EARLY_DRAW_LIMIT
 
     def channel(self, group: WorkerGroup[ProcessHandle]) -> Channel[ProcessHandle]:
         return ProcessChannel(group)

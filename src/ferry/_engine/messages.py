@@ -169,6 +169,9 @@ class Done:
     # CPU seconds the worker's thread used making it (against the fetch and collate seconds of
     # ``timing``: how much of the batch was waiting; num_workers="auto" reads it).
     cpu: float = -1.0  # (-1: not measured, see fetch.CPU_SAMPLE)
+    # Measured, and its reads ran at once on other threads: their wall and CPU seconds, summed,
+    # and their count (what num_workers="auto" judges instead; see fetch._TimedFetch.parallel).
+    reads: tuple[float, float, int] | None = None
     # The process worker's share of anonymous memory in bytes, measured after its previous
     # batch went (-1: not measured; see ferry._core.memory, which says when it is).
     memory: int = -1

@@ -131,16 +131,34 @@ class WorkerIterator(Incidents, LoaderIterator):
             for i, start in enumerate(starts)
         ]
         self._configs = configs
+        # Worker 0 is sent its first task as soon as it has started, before the others start,
+        # where its kind allows it (send_before_all_start): the first batch does not wait for
+        # every worker to be forked.
+        early = (
+            len(configs) > 1
+            and self._track.turn == 0  # (a resumed epoch may go on at another worker)
+            and not self._replays
+            and self._kind.send_before_all_start(plan, self._track.keys.first_draw_bytes())
+        )
+        self._start_workers(configs[:1] if early else configs)
+        self._workers = self._group.workers
+        self._channel = self._kind.channel(self._group)
+        self._begin_epoch(tasks=1 if early else None)
+        if early:
+            self._start_workers(configs[1:])
+            self._channel.joined(self._workers[1:])
+            for _ in range(self._prefetch * self._num_workers - 1):
+                self._dispatch()
+        self._pin()  # (a thread: started once no more processes are forked)
+        if any(config.replay for config in configs):
+            self._await_states()  # the cursors hold keys that are not saved: replace them now
+
+    def _start_workers(self, configs: list[WorkerConfig]) -> None:
         try:
-            self._kind.start(self._group, configs, plan)
+            self._kind.start(self._group, configs, self._plan)
         except BaseException:
             self._finalizer()
             raise
-        self._workers = self._group.workers
-        self._channel = self._kind.channel(self._group)
-        self._begin_epoch()
-        if any(config.replay for config in configs):
-            self._await_states()  # the cursors hold keys that are not saved: replace them now
 
     def _await_states(self) -> None:
         """Wait until every worker has said what its user states are as the epoch begins, so
@@ -152,7 +170,8 @@ class WorkerIterator(Incidents, LoaderIterator):
 
     # -- epoch bookkeeping ---------------------------------------------------------------------
 
-    def _begin_epoch(self) -> None:
+    def _begin_epoch(self, tasks: int | None = None) -> None:
+        """Open the epoch's tasks and send ``tasks`` of them (None: a full prefetch queue)."""
         # The keys were opened with the epoch (before the base seed was drawn, as torch asks
         # the sampler for its iterator first); they are drawn from right away to fill the
         # prefetch queue, as torch does, so RNG draws happen in the same order.
@@ -162,14 +181,17 @@ class WorkerIterator(Incidents, LoaderIterator):
         self._schedule.begin_epoch(self._track.next_key, self._track.turn)
         self._latest = list(self._track.workers)
         self._replaced: set[int] = set()  # workers started in a dead one's place this epoch
+        for _ in range(self._prefetch * self._num_workers if tasks is None else tasks):
+            self._dispatch()
+
+    def _pin(self) -> None:
+        """Start (or stop, when turned off between epochs) the thread that pins batches."""
         group = self._group
         if self._plan.pin and group.pinner is None and not group.closed:
             group.pinner = Pinner(self._plan.pin_memory_device)
-        elif not self._plan.pin and group.pinner is not None:  # turned off between epochs
+        elif not self._plan.pin and group.pinner is not None:
             group.pinner.close()
             group.pinner = None
-        for _ in range(self._prefetch * self._num_workers):
-            self._dispatch()
 
     def _restart(self, plan: EpochPlan) -> None:
         """Next epoch with the same (persistent) workers; stale results are dropped as they come."""
@@ -199,6 +221,7 @@ class WorkerIterator(Incidents, LoaderIterator):
                         self._fail(exc)
                         raise
             self._begin_epoch()
+            self._pin()
             if self._replays:
                 self._await_states()
             return

@@ -22,13 +22,15 @@ threads shared by every worker thread of a loader, when measurement says they wa
   raises raises the error of the first failing key in key order (reads not yet started are
   cancelled), and with ``on_error="skip"`` every failing key is reported, in order.
 
-Only thread workers use it (they share the dataset already, so reading it from more threads
-asks nothing new of it); process workers and ``num_workers=0`` read as torch does. A read on a
-pool thread sees the :func:`~ferry.get_worker_info` of the worker that asked for it.
+Thread workers share one (they share the dataset already, so reading it from more threads asks
+nothing new of it); under ``num_workers="auto"`` each process worker has its own, whose threads
+wait on that worker's reads; other process workers and ``num_workers=0`` read as torch does. A
+read on a pool thread sees the :func:`~ferry.get_worker_info` of the worker that asked for it.
 """
 
 from __future__ import annotations
 
+import _thread
 import math
 import queue
 import threading
@@ -38,6 +40,7 @@ from concurrent.futures import Future
 from time import perf_counter, thread_time
 from typing import Any
 
+from ferry._core.alloc import expect_batch
 from ferry._core.info import WorkerInfo, set_thread_worker_info, thread_worker_info
 
 __all__ = ["PARALLEL_FROM", "PEEK", "POOL_LIMIT", "Failed", "SampleReads", "WaitJudge", "busy_of"]
@@ -49,7 +52,7 @@ POOL_LIMIT = 64
 # Weight of the latest batch in the moving averages of wall and CPU time per read.
 SMOOTHING = 0.3
 # The loader's first read is judged while it runs once it has taken this long (seconds).
-PEEK = 0.001
+PEEK = 0.0005
 
 
 def busy_of(thread: threading.Thread | None = None) -> float:
@@ -87,30 +90,47 @@ class _Pool:
     ``limit``. Daemon threads, unlike ``concurrent.futures``' pool: a read that never returns
     must not keep the interpreter from exiting.
 
-    Threads start threads: the one who submits starts one if none is starting, and each new
-    thread starts up to two more while tasks wait, before it takes one. A thread's start waits
-    for it to run, so 31 reads submitted at once would otherwise begin one ``start()`` apart
-    (about 8 ms for the last with two worker threads submitting); as a tree they all begin
-    within a few."""
+    ``Thread.start()`` waits until the new thread runs, so 31 reads submitted at once would
+    begin one start apart (about 8 ms for the last with two worker threads submitting). So
+    threads start threads: the one who submits starts one if none is starting, and each new
+    thread starts up to two more while tasks wait, before it takes one; as a tree they all begin
+    within a few ms.
 
-    def __init__(self, limit: int) -> None:
+    ``detached`` (a worker process's own pool): threads of the ``_thread`` module, which start
+    without waiting for the new thread to run, each submit starting one while tasks wait. In a
+    freshly forked worker, on a machine whose CPUs are busy with the other workers starting,
+    each wait for a new thread to be scheduled cost up to milliseconds, and the first batch
+    waits for its last read to begin. They are not in ``threading.enumerate()``, and are not
+    joined: they end with the process (which is why only a worker process uses them; a read
+    that calls ``threading.current_thread()`` leaves a dummy entry in ``threading`` until
+    Python 3.13, which in the main process would look like a thread that leaked)."""
+
+    def __init__(self, limit: int, detached: bool = False) -> None:
         self._limit = limit
+        self._detached = detached
         self._tasks: queue.SimpleQueue[tuple[Future[Any], Callable[[Any], Any], Any] | None] = (
             queue.SimpleQueue()
         )
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._started = 0  # threads started (detached ones included)
         # Threads free or starting, less the tasks waiting for one (negative: tasks wait).
         self._spare = 0
         self._starting = 0  # threads started that have not begun to run yet
         self._shut = False
+
+    @property
+    def size(self) -> int:
+        """Threads started so far."""
+        return self._started
 
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> Future[Any]:
         future: Future[Any] = Future()
         self._tasks.put((future, fn, arg))
         with self._lock:
             self._spare -= 1
-            thread = self._new_thread() if self._starting == 0 else None
+            start = self._detached or self._starting == 0
+            thread = self._new_thread() if start else None
         if thread is not None:
             thread.start()
         return future
@@ -118,21 +138,24 @@ class _Pool:
     def warm(self) -> None:
         """Start one thread now, to wait for the first task (see SampleReads.warm)."""
         with self._lock:
-            thread = None if self._threads else self._new_thread(needed=False)
+            thread = None if self._started else self._new_thread(needed=False)
         if thread is not None:
             thread.start()
 
-    def _new_thread(self, needed: bool = True) -> threading.Thread | None:
+    def _new_thread(self, needed: bool = True) -> threading.Thread | _Detached | None:
         """A thread for a waiting task, if one waits (or not ``needed``) and the limit allows
         (lock held)."""
-        if (needed and self._spare >= 0) or self._shut or len(self._threads) >= self._limit:
+        if (needed and self._spare >= 0) or self._shut or self._started >= self._limit:
             return None
+        self._started += 1
+        self._spare += 1
+        self._starting += 1
+        if self._detached:
+            return _Detached(self._run)
         thread = threading.Thread(
             target=self._run, name=f"ferry-read-{len(self._threads)}", daemon=True
         )
         self._threads.append(thread)
-        self._spare += 1
-        self._starting += 1
         return thread
 
     def _run(self) -> None:
@@ -152,13 +175,26 @@ class _Pool:
                 self._spare += 1
 
     def shutdown(self) -> list[threading.Thread]:
-        """Ask every thread to stop once the reads queued before are done; returns them."""
+        """Ask every thread to stop once the reads queued before are done; returns those that
+        can be joined (not detached ones)."""
         with self._lock:
             self._shut = True
-            threads = list(self._threads)
-        for _ in threads:
+            count, threads = self._started, list(self._threads)
+        for _ in range(count):
             self._tasks.put(None)
         return threads
+
+
+class _Detached:
+    """A thread of the ``_thread`` module, started without waiting for it to run."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self, target: Callable[[], None]) -> None:
+        self._target = target
+
+    def start(self) -> None:
+        _thread.start_new_thread(self._target, ())
 
 
 class _FirstRead:
@@ -187,8 +223,10 @@ class SampleReads:
         cpu_clock: Callable[[], float] = thread_time,
         measured: tuple[float, float] | None = None,
         busy: Callable[[threading.Thread], float] | None = None,
+        detached: bool = False,
     ) -> None:
         self.limit = limit
+        self._detached = detached  # (a worker process's own: see _Pool)
         self._clock, self._cpu_clock = clock, cpu_clock
         # A thread's busy seconds, as the first read's watcher reads them (stand-in clocks:
         # the CPU clock).
@@ -196,6 +234,7 @@ class SampleReads:
         self._lock = threading.Lock()
         self._pool: _Pool | None = None
         self._closed = False
+        self._last = threading.local()  # (per calling thread: see last_parallel)
         # Moving averages of one read's wall and CPU seconds (None: nothing measured yet).
         self.wall: float | None = None
         self.cpu: float | None = None
@@ -215,6 +254,7 @@ class SampleReads:
         """``[dataset[k] for k in keys]``, timed, at the current width. With ``collect``, a
         read that raises gives a :class:`Failed` in its place (``StopIteration`` still ends the
         epoch); else the first failing key's error is raised."""
+        self._last.parallel = None
         if self.wall is None and len(keys) > 1:
             # Nothing measured yet: the first read, watched, says whether the rest should run
             # at once (the first batch of a loader that waits arrives after about one read).
@@ -222,7 +262,7 @@ class SampleReads:
         if min(self.width, len(keys)) <= 1:
             return self._serial(dataset, keys, collect)
         launched = self._launch(dataset, keys, min(self.width, len(keys)), thread_worker_info())
-        return self._gather(*launched, collect=collect)
+        return self._gather(*launched, collect=collect, expect=True)
 
     def _first(self, dataset: Any, keys: Sequence[Any], collect: bool) -> list[Any]:
         """Read ``keys[0]`` here while a pool thread watches it (:meth:`_watch`): if it waits,
@@ -252,6 +292,8 @@ class SampleReads:
             self._measured(wall, cpu)
             return head + self.read(dataset, keys[1:], collect)
         futures, times = rest
+        if not isinstance(head[0], Failed):
+            expect_batch(head[0], len(keys))  # (the batch's memory, while the rest are read)
         return head + self._gather(futures, times, collect=collect, also=(wall, cpu))
 
     def _watch(self, job: tuple[_FirstRead, Any, Sequence[Any]]) -> None:
@@ -261,7 +303,7 @@ class SampleReads:
         wall = 0.0
         while True:
             # Often at first, then less: a read that computes for seconds is not slowed.
-            time.sleep(min(max(PEEK / 2, wall / 10), 0.05))
+            time.sleep(min(max(PEEK, wall / 10), 0.05))
             with first.lock:
                 if first.over or (first.began is not None and first.began[1] < 0):
                     return  # (it ended; or no way to read another thread's CPU time here)
@@ -329,32 +371,43 @@ class SampleReads:
         *,
         collect: bool,
         also: tuple[float, float] | None = None,
+        expect: bool = False,
     ) -> list[Any]:
         """The results of reads :meth:`_launch` began, in key order (see :meth:`read`), then
-        their mean wall and CPU seconds (with ``also``, one more read's) into the averages."""
+        their mean wall and CPU seconds (with ``also``, one more read's) into the averages.
+        With ``expect``, the first result tells the collate allocator what the batch will
+        need while the others are read (:func:`~ferry._core.alloc.expect_batch`)."""
         results: list[Any] = []
         try:
             for future in futures:
                 if not collect:
                     results.append(future.result())
-                    continue
-                try:
-                    results.append(future.result())
-                except StopIteration:
-                    raise
-                except Exception as exc:
-                    results.append(Failed(exc))
+                else:
+                    try:
+                        results.append(future.result())
+                    except StopIteration:
+                        raise
+                    except Exception as exc:
+                        results.append(Failed(exc))
+                if expect and len(results) == 1 and not isinstance(results[0], Failed):
+                    expect_batch(results[0], len(futures))
         except BaseException:
             for future in futures:
                 future.cancel()
             raise
         measured = [*times, also] if also is not None else times
         if measured:
-            self._measured(
-                sum(t[0] for t in measured) / len(measured),
-                sum(t[1] for t in measured) / len(measured),
-            )
+            wall, cpu = sum(t[0] for t in measured), sum(t[1] for t in measured)
+            self._measured(wall / len(measured), cpu / len(measured))
+            self._last.parallel = (wall, cpu, len(measured))
         return results
+
+    def last_parallel(self) -> tuple[float, float, int] | None:
+        """Of this thread's last :meth:`read`, when its reads ran on the pool: their wall and
+        CPU seconds, summed, and how many there were (a batch read at once takes about one
+        read's time, so its own wall time says little of how long its reads wait). None when
+        every read ran on this thread."""
+        return getattr(self._last, "parallel", None)
 
     def _measured(self, wall: float, cpu: float) -> None:
         """One batch's mean wall and CPU seconds per read: update the averages and the width."""
@@ -380,7 +433,7 @@ class SampleReads:
             if self._closed:
                 raise RuntimeError("the loader's reads were shut down")
             if self._pool is None:
-                self._pool = _Pool(self.limit)
+                self._pool = _Pool(self.limit, self._detached)
             return self._pool
 
     def close(self, timeout: float = 5.0) -> None:
@@ -392,8 +445,10 @@ class SampleReads:
         if pool is None:
             return
         deadline = perf_counter() + timeout
+        here = threading.current_thread()  # (a finalizer may close the pool on one of its own)
         for thread in pool.shutdown():
-            if thread.ident is not None:  # (one being started now leaves at its first task)
+            # (one being started now leaves at its first task)
+            if thread.ident is not None and thread is not here:
                 thread.join(max(deadline - perf_counter(), 0.0))
 
 

@@ -5,8 +5,10 @@ move at the next batch boundary).
 Two reasons, either enough:
 
 * **Their reads wait.** The first batch of each worker is judged (:class:`WaitJudge`): its wall
-  seconds against the CPU seconds its thread used. At :data:`~ferry._engine.reads.PARALLEL_FROM`
-  times or more, thread workers reading a batch's samples at once do better (docs/design/io.md).
+  seconds against the CPU seconds its thread used; or, for a batch whose reads ran at once (a
+  process worker's own per-sample reads), its reads' wall seconds against their CPU seconds.
+  At :data:`~ferry._engine.reads.PARALLEL_FROM` times or more, thread workers reading a
+  batch's samples at once do better (docs/design/io.md).
 * **Their memory grows past what the system has**: copy-on-write of the dataset's Python
   objects, projected to the end of the epoch (:func:`ferry._core.memory.growth_verdict`;
   docs/design/memory.md).
@@ -66,7 +68,11 @@ class ThreadSwitch:
             return
         if done.memory >= 0:
             self.why = self._memory(stats, epoch)
-        if not self.why and not self.judge.decided and done.cpu >= 0:
+        if self.why or self.judge.decided:
+            return
+        if done.reads is not None:  # read at once: what its reads took, one by one
+            self.why = self.judge.add(*done.reads)
+        elif done.cpu >= 0:
             self.why = self.judge.add(done.timing.made_s, done.cpu, _key_length(key))
 
     def take(self) -> str:

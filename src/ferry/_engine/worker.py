@@ -33,6 +33,7 @@ from ferry._core.alloc import Allocator
 from ferry._core.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
 from ferry._core.memory import MemorySampler
 from ferry._core.ranks import inherit_rank_world, process_group_rank_world
+from ferry._core.rng import seed_torch
 from ferry._engine.cursor import WorkerCursor
 from ferry._engine.fetch import DROPPED, IterableFetcher, MapFetcher, make_batch, make_fetcher
 from ferry._engine.messages import (
@@ -150,7 +151,7 @@ def _own_reads(limit: int) -> SampleReads | None:
     if not limit:
         return None
     if not _PROCESS_READS:
-        reads = SampleReads(limit)
+        reads = SampleReads(limit, detached=True)
         reads.warm()
         _PROCESS_READS.append(reads)
     return _PROCESS_READS[0]
@@ -165,7 +166,7 @@ def seed_process(config: WorkerConfig) -> None:
     No two workers of a loader, nor two epochs, share a random stream.
     """
     random.seed(config.seed)
-    torch.manual_seed(config.seed)
+    seed_torch(config.seed)
     try:
         import numpy as np
     except ImportError:
@@ -298,8 +299,20 @@ def run_worker_loop(
                 slab.shared()
                 slab.announced = True
         used_ids = tuple(s.id for s in used)
-        cpu, outcome = made.cpu_s, made.outcome
-        send(Done(message.task, payload, used_ids, report, timing, outcome, cpu=cpu, memory=held))
+        cpu, outcome, reads = made.cpu_s, made.outcome, made.parallel
+        send(
+            Done(
+                message.task,
+                payload,
+                used_ids,
+                report,
+                timing,
+                outcome,
+                cpu=cpu,
+                reads=reads,
+                memory=held,
+            )
+        )
         slabs.handed_off(used)
         # Measured once the batch is on its way (a read of smaps_rollup takes milliseconds):
         # the figure goes with the next batch.
