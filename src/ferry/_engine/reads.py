@@ -486,6 +486,6 @@ class WaitJudge:
             return ""
         return (
             f"worker_type='thread' from batch {self.seen} of the first epoch on: the process "
-            f"workers' batches took {ratio:.0f}x the CPU time they used (their reads wait), and "
+            f"workers' reads took {ratio:.0f}x the CPU time they used (they wait), and "
             "thread workers read the samples of a batch at once"
         )
