@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ferry._batching",
             "ferry._sampler_state",
             "ferry.samplers",
+            "ferry._sampler_keys",
             "ferry.datasets",
             "ferry.collate",
             "ferry.distributed",

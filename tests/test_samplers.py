@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import ferry
 from _support.compare import HYPOTHESIS, MODULES, Raised, assert_same_outcome, outcome
-from ferry.samplers import index_batches, index_chunks
+from ferry._sampler_keys import index_batches, index_chunks
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 

@@ -5,8 +5,8 @@ the same arguments and the same ``torch.Generator`` state, because each one draw
 generator in the same calls, sizes and order.
 
 Besides the public per-index iteration, the built-in samplers can hand out their indices as
-whole ``int64`` tensors (:func:`index_chunks`); :class:`BatchSampler` turns those into batch
-tensors (:func:`index_batches`). The loader uses that path when the dataset can gather a batch
+whole ``int64`` tensors, which a :class:`BatchSampler` turns into batch tensors
+(:mod:`ferry._sampler_keys`). The loader uses that path when the dataset can gather a batch
 from a tensor of indices in one call, so no Python ``int`` is created per sample.
 
 Example::
@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ferry._batching import batch_record, batched, batches_in, is_batch_record, rebatch
+from ferry._batching import batch_record, batched, batches_in, is_batch_record
 from ferry._core.rng import generator_state
 from ferry._sampler_state import (
     SamplerRun,
@@ -53,9 +53,6 @@ __all__ = [
     "SubsetRandomSampler",
     "TensorChunkSampler",
     "WeightedRandomSampler",
-    "first_draw_bytes",
-    "index_batches",
-    "index_chunks",
 ]
 
 T_co = TypeVar("T_co", covariant=True)
@@ -64,9 +61,6 @@ T_co = TypeVar("T_co", covariant=True)
 # sequence identical for the same generator state.
 _REPLACEMENT_DRAW = 32
 _SEQUENTIAL_CHUNK = 1 << 16
-# Bytes a drawn key can take: an int64 in a tensor, and a Python int in a list (28 bytes and a
-# pointer), where the keys are not taken as tensors.
-_KEY_BYTES = 8 + 28 + 8
 
 
 def pending_start(sampler: object) -> dict[str, Any] | None:
@@ -115,8 +109,8 @@ class TensorChunkSampler(Sampler[int]):
     """Base of samplers whose keys are made as 1-D ``int64`` tensors by ``_index_chunks``.
 
     Iterating yields those tensors' elements as Python ints; the loader may instead take the
-    tensors themselves (:func:`index_chunks`), as long as a subclass does not override
-    ``__iter__``.
+    tensors themselves (:func:`ferry._sampler_keys.index_chunks`), as long as a subclass does
+    not override ``__iter__``.
     """
 
     def __iter__(self) -> Iterator[int]:
@@ -411,86 +405,6 @@ class BatchSampler(Sampler[list[Any]], TorchBatchSampler, metaclass=_BatchSample
 
 # inspect.signature(BatchSampler) reads __new__ first: it reports __init__'s parameters.
 BatchSampler.__new__.__signature__ = inspect.signature(BatchSampler.__init__)  # type: ignore[attr-defined]
-
-
-def is_builtin_sampler(sampler: object) -> bool:
-    """Whether ``sampler`` is one of ferry's samplers iterating as ferry wrote it, so its
-    iteration can be started from a :class:`SamplerRun` (a subclass that overrides
-    ``__iter__`` decides its keys itself)."""
-    iter_fn = getattr(type(sampler), "__iter__", None)
-    return (
-        (isinstance(sampler, SequentialSampler) and iter_fn is SequentialSampler.__iter__)
-        or (isinstance(sampler, TensorChunkSampler) and iter_fn is TensorChunkSampler.__iter__)
-        or (isinstance(sampler, SubsetRandomSampler) and iter_fn is SubsetRandomSampler.__iter__)
-    )
-
-
-def is_builtin_batch_sampler(batch_sampler: object) -> bool:
-    """Whether ``batch_sampler`` batches as :class:`BatchSampler` does: a record of torch's
-    exact class, or ferry's class (a subclass that keeps ferry's ``__iter__``)."""
-    return is_batch_record(batch_sampler) or (
-        isinstance(batch_sampler, BatchSampler)
-        and type(batch_sampler).__iter__ is BatchSampler.__iter__
-    )
-
-
-def index_chunks(sampler: object, run: SamplerRun | None = None) -> Iterator[torch.Tensor] | None:
-    """The sampler's keys as 1-D ``int64`` tensors, or None when it cannot give them so.
-
-    Draws from the generator exactly as iterating the sampler would, lazily: nothing is drawn
-    until the first chunk is asked for. A subclass that overrides ``__iter__`` decides its keys
-    itself, so it gets None. ``run`` starts (or resumes) the iteration.
-    """
-    if not is_builtin_sampler(sampler) or isinstance(sampler, SubsetRandomSampler):
-        return None
-    assert isinstance(sampler, (SequentialSampler, TensorChunkSampler))
-    return sampler._run_chunks(run if run is not None else SamplerRun())
-
-
-def index_batches(
-    batch_sampler: object, run: SamplerRun | None = None
-) -> Iterator[torch.Tensor] | None:
-    """The batches of a built-in :class:`BatchSampler` as ``int64`` tensors, or None.
-
-    Yields the same batches as iterating ``batch_sampler`` (same keys, same RNG draws), without
-    creating a Python ``int`` per key. None when the batch sampler, or the sampler it wraps, is
-    not one whose sequence is known to come from tensor chunks. ``run`` starts (or resumes) the
-    wrapped sampler's iteration; its ``skip`` counts keys, not batches.
-    """
-    if not is_builtin_batch_sampler(batch_sampler):
-        return None
-    assert isinstance(batch_sampler, BatchSampler)
-    chunks = index_chunks(batch_sampler.sampler, run)
-    if chunks is None:
-        return None
-    return rebatch(chunks, batch_sampler.batch_size, batch_sampler.drop_last)
-
-
-def first_draw_bytes(sampler: object) -> int | None:
-    """At most how many bytes a built-in sampler's iteration holds once it has given its first
-    key: the keys drawn with it (a chunk of a sequence, 32 draws with replacement, else the
-    whole order at once). None for a user's sampler, which may hold anything."""
-    if not is_builtin_sampler(sampler):
-        return None
-    assert isinstance(sampler, Sized)
-    if isinstance(sampler, SequentialSampler):
-        keys = min(len(sampler), _SEQUENTIAL_CHUNK)
-    elif isinstance(sampler, RandomSampler) and sampler.replacement:
-        keys = _REPLACEMENT_DRAW
-    else:
-        keys = len(sampler)
-        # (a DistributedSampler orders the whole dataset, then keeps its rank's share)
-        data = getattr(sampler, "dataset", None)
-        if isinstance(data, Sized):
-            keys = max(keys, len(data))
-    return keys * _KEY_BYTES
-
-
-def run_keys(sampler: object, run: SamplerRun) -> Iterator[Any]:
-    """The keys of a built-in sampler (:func:`is_builtin_sampler`), as iterating it yields
-    them, started (or resumed) as ``run`` says."""
-    assert isinstance(sampler, (SequentialSampler, TensorChunkSampler, SubsetRandomSampler))
-    return sampler._run_keys(run)
 
 
 class _StreamSampler(Sampler[None]):

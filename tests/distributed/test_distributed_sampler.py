@@ -19,8 +19,9 @@ from torch.utils.data.distributed import DistributedSampler as TorchDistributedS
 
 from ferry._core import ranks
 from ferry._core.info import WorkerInfo, set_thread_worker_info
+from ferry._sampler_keys import index_batches, index_chunks
 from ferry.distributed import DistributedSampler, NoProcessGroupError, shard, shard_info
-from ferry.samplers import BatchSampler, Sampler, index_batches, index_chunks
+from ferry.samplers import BatchSampler, Sampler
 
 
 @st.composite

@@ -27,12 +27,8 @@ from ferry._engine import channels, group, kinds, shm
 from ferry._engine.messages import Done, Timing
 from ferry._engine.reads import SampleReads
 from ferry._engine.switch import ThreadSwitch
-from ferry.samplers import (
-    BatchSampler,
-    RandomSampler,
-    SequentialSampler,
-    first_draw_bytes,
-)
+from ferry._sampler_keys import first_draw_bytes
+from ferry.samplers import BatchSampler, RandomSampler, SequentialSampler
 from ferry.stats import StatsRecorder
 
 MIB = 1 << 20

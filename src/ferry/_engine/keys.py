@@ -36,15 +36,14 @@ import torch
 from ferry._batching import batched
 from ferry._core.rng import generator_from_state, generator_state, set_generator_state
 from ferry._engine.plan import EpochPlan
-from ferry.samplers import (
-    SamplerRun,
+from ferry._sampler_keys import (
     first_draw_bytes,
     index_batches,
     is_builtin_batch_sampler,
     is_builtin_sampler,
-    pending_start,
     run_keys,
 )
+from ferry.samplers import SamplerRun, pending_start
 
 __all__ = [
     "EpochKeys",
@@ -276,7 +275,7 @@ class EpochKeys(Iterator[tuple[int, Any]]):
 
     def first_draw_bytes(self) -> int | None:
         """At most how many bytes drawing the epoch's first key leaves in this process (see
-        :func:`ferry.samplers.first_draw_bytes`); None when a user's sampler draws it."""
+        :func:`ferry._sampler_keys.first_draw_bytes`); None when a user's sampler draws it."""
         if self.kind == "stream":
             return 0
         if self.kind == "builtin":
