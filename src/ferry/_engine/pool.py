@@ -14,10 +14,8 @@ the iterator is collected, or at interpreter exit.
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
-from dataclasses import replace
 from typing import Any
 
 from typing_extensions import assert_never
@@ -33,14 +31,14 @@ from ferry._engine.group import (
 from ferry._engine.incidents import Incidents
 from ferry._engine.iterator import LoaderIterator
 from ferry._engine.keys import stateful_part
-from ferry._engine.kinds import ThreadWorkers, worker_kind
+from ferry._engine.kinds import worker_kind
 from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
-from ferry._engine.reads import POOL_LIMIT, SampleReads
+from ferry._engine.reads import POOL_LIMIT
 from ferry._engine.schedule import Scheduler, TaskId
 from ferry._engine.slabfile import DescriptorLimitReached
-from ferry._engine.switch import ThreadSwitch, measure_at_end
+from ferry._engine.switch import ThreadMove, ThreadSwitch, measure_at_end
 from ferry._engine.track import Delivery
 from ferry._engine.worker import WorkerConfig
 from ferry.errors import (
@@ -57,7 +55,7 @@ __all__ = ["WorkerIterator"]
 _WAIT_SLICE = 0.5
 
 
-class WorkerIterator(Incidents, LoaderIterator):
+class WorkerIterator(Incidents, ThreadMove, LoaderIterator):
     """``num_workers > 0``: batches are made by worker processes or threads."""
 
     def __init__(
@@ -273,56 +271,6 @@ class WorkerIterator(Incidents, LoaderIterator):
         except (WorkerDied, WorkerTimeout) as exc:
             self._fail(exc)
             raise
-
-    def _become_threads(self) -> None:
-        """``num_workers="auto"``: the process workers wait on their reads, so as many thread
-        workers take over here, at a batch boundary, and read each batch's samples at once
-        (:mod:`ferry._engine.reads`). Every batch not handed out yet is fetched again by the
-        thread worker with the process worker's id, from the same key: the epoch's batches
-        and their order do not change (random augmentations then draw from the main
-        process's generators, as thread workers do). Only for a map-style dataset with no
-        state of its own (``ThreadSwitch.active``), so no worker's position has to move over."""
-        why = self._switch.take()
-        # Batches the process workers made already are handed out as they are (they lie in
-        # slabs the main process keeps mapped while a tensor is over them); the rest, which
-        # are dropped with the process workers, are fetched again. (With pinning, a made batch
-        # waits on the stopping group's pin thread: fetched again too.)
-        keep_made = self._group.pinner is None
-        self._finalizer()  # the process workers stop
-        self._plan = replace(self._plan, worker_type="thread")
-        self._track.plan = self._plan
-        self._track.switched = why
-        self._kind = ThreadWorkers()
-        self._group = WorkerGroup()
-        self._finalizer = weakref.finalize(self, self._group.shutdown)
-        # The thread workers' reads run at once from the first: the judge measured them.
-        self._group.reads = SampleReads(measured=self._switch.judge.per_read())
-        self._track.stats.reads = self._group.reads
-        if self._plan.pin:
-            self._group.pinner = Pinner(self._plan.pin_memory_device)
-        configs = [
-            replace(
-                config,
-                parent_pid=os.getpid(),
-                resume=None,  # (no state of its own; a thread's generators are the process's)
-                track_rng=False,
-                named_slabs=False,
-                reads=self._group.reads,
-                read_limit=0,
-            )
-            for config in self._configs
-        ]
-        self._configs = configs
-        try:
-            self._kind.start(self._group, configs, self._plan)
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-        self._workers = self._group.workers
-        self._channel = self._kind.channel(self._group)
-        for task_id in self._schedule.reassign_all(keep_made):
-            task = self._schedule.tasks[task_id]
-            self._channel.send_task(self._workers[task.worker_id], task_id, task.key)
 
     def _next_result(self) -> Delivery:
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None

@@ -1,6 +1,6 @@
 """``num_workers="auto"`` with process workers: whether they give way to thread workers within
-the epoch, judged from what their batches report (``WorkerIterator._become_threads`` makes the
-move at the next batch boundary).
+the epoch, judged from what their batches report (:class:`ThreadSwitch`), and the move, made at
+the next batch boundary (:class:`ThreadMove`, a mixin of the worker iterator).
 
 Two reasons, either enough:
 
@@ -20,7 +20,10 @@ dataset (its process workers already keep a batch's reads in flight at once).
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ferry._core.memory import (
@@ -30,13 +33,19 @@ from ferry._core.memory import (
     resident_anon_bytes,
 )
 from ferry._engine.aio import is_async_dataset
+from ferry._engine.channels import Channel
+from ferry._engine.group import WorkerGroup, WorkerHandle
 from ferry._engine.keys import stateful_part
+from ferry._engine.kinds import ThreadWorkers, WorkerKind
 from ferry._engine.messages import Done
 from ferry._engine.plan import EpochPlan
-from ferry._engine.reads import WaitJudge
+from ferry._engine.reads import SampleReads, WaitJudge
+from ferry._engine.schedule import Scheduler
+from ferry._engine.track import EpochTrack
+from ferry._engine.worker import WorkerConfig
 from ferry.stats import StatsRecorder
 
-__all__ = ["ThreadSwitch", "measure_at_end"]
+__all__ = ["ThreadMove", "ThreadSwitch", "measure_at_end"]
 
 
 class ThreadSwitch:
@@ -89,6 +98,77 @@ class ThreadSwitch:
         except TypeError:  # a sampler with no length: as many again as made so far
             left = made
         return growth_verdict(grown, made, left, self._budget, self._ceiling)
+
+
+class ThreadMove:
+    """The move itself: a mixin of :class:`~ferry._engine.pool.WorkerIterator`, which decides
+    when (``ThreadSwitch.why``, looked at before each batch)."""
+
+    _switch: ThreadSwitch
+    _finalizer: weakref.finalize[Any, Any]
+    _plan: EpochPlan
+    _track: EpochTrack
+    _kind: WorkerKind[Any]
+    _group: WorkerGroup[Any]
+    _configs: list[WorkerConfig]
+    _workers: list[WorkerHandle]
+    _channel: Channel[Any]
+    _schedule: Scheduler
+
+    def _fail(self, exc: BaseException) -> None:
+        raise NotImplementedError
+
+    def _pin(self) -> None:
+        raise NotImplementedError
+
+    def _become_threads(self) -> None:
+        """``num_workers="auto"``: the process workers wait on their reads, so as many thread
+        workers take over here, at a batch boundary, and read each batch's samples at once
+        (:mod:`ferry._engine.reads`). Every batch not handed out yet is fetched again by the
+        thread worker with the process worker's id, from the same key: the epoch's batches
+        and their order do not change (random augmentations then draw from the main
+        process's generators, as thread workers do). Only for a map-style dataset with no
+        state of its own (``ThreadSwitch.active``), so no worker's position has to move over."""
+        why = self._switch.take()
+        # Batches the process workers made already are handed out as they are (they lie in
+        # slabs the main process keeps mapped while a tensor is over them); the rest, which
+        # are dropped with the process workers, are fetched again. (With pinning, a made batch
+        # waits on the stopping group's pin thread: fetched again too.)
+        keep_made = self._group.pinner is None
+        self._finalizer()  # the process workers stop
+        self._plan = replace(self._plan, worker_type="thread")
+        self._track.plan = self._plan
+        self._track.switched = why
+        self._kind = ThreadWorkers()
+        self._group = WorkerGroup()
+        self._finalizer = weakref.finalize(self, self._group.shutdown)
+        # The thread workers' reads run at once from the first: the judge measured them.
+        self._group.reads = SampleReads(measured=self._switch.judge.per_read())
+        self._track.stats.reads = self._group.reads
+        self._pin()
+        configs = [
+            replace(
+                config,
+                parent_pid=os.getpid(),
+                resume=None,  # (no state of its own; a thread's generators are the process's)
+                track_rng=False,
+                named_slabs=False,
+                reads=self._group.reads,
+                read_limit=0,
+            )
+            for config in self._configs
+        ]
+        self._configs = configs
+        try:
+            self._kind.start(self._group, configs, self._plan)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self._workers = self._group.workers
+        self._channel = self._kind.channel(self._group)
+        for task_id in self._schedule.reassign_all(keep_made):
+            task = self._schedule.tasks[task_id]
+            self._channel.send_task(self._workers[task.worker_id], task_id, task.key)
 
 
 def measure_at_end(stats: StatsRecorder, pids: list[tuple[int, int | None]]) -> None:
