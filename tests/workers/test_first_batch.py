@@ -22,6 +22,7 @@ import torch
 import torch.utils.data as tud
 
 import ferry
+from _support.datasets import Indices
 from ferry._core.alloc import expect_batch, using_allocator
 from ferry._engine import channels, group, kinds, shm
 from ferry._engine.messages import Done, Timing
@@ -32,17 +33,6 @@ from ferry.samplers import BatchSampler, RandomSampler, SequentialSampler
 from ferry.stats import StatsRecorder
 
 MIB = 1 << 20
-
-
-class Rows(ferry.Dataset[int]):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> int:
-        return index
 
 
 # -- what drawing the first key leaves ---------------------------------------------------------
@@ -102,7 +92,7 @@ def test_worker_0_gets_its_first_task_before_the_others_start(
 ) -> None:
     events = _record_order(monkeypatch)
     loader: ferry.DataLoader[Any] = ferry.DataLoader(
-        Rows(40), batch_size=4, num_workers=3, multiprocessing_context=context
+        Indices(40), batch_size=4, num_workers=3, multiprocessing_context=context
     )
     assert [x for b in loader for x in b.tolist()] == list(range(40))
     assert events[:3] == [("start", 0), ("send", 0), ("start", 1)]
@@ -118,7 +108,7 @@ def test_a_large_first_draw_waits_for_every_fork(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(kinds, "EARLY_DRAW_LIMIT", 1000)
     events = _record_order(monkeypatch)
     loader: ferry.DataLoader[Any] = ferry.DataLoader(
-        Rows(40),
+        Indices(40),
         batch_size=4,
         num_workers=3,
         shuffle=True,
@@ -126,7 +116,7 @@ def test_a_large_first_draw_waits_for_every_fork(monkeypatch: pytest.MonkeyPatch
         multiprocessing_context="fork",
     )
     theirs = tud.DataLoader(
-        Rows(40), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3)
+        Indices(40), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3)
     )
     expected = [x for b in theirs for x in b.tolist()]
     assert [x for b in loader for x in b.tolist()] == expected
@@ -144,7 +134,11 @@ def test_a_users_sampler_waits_for_every_fork(monkeypatch: pytest.MonkeyPatch) -
 
     events = _record_order(monkeypatch)
     loader: ferry.DataLoader[Any] = ferry.DataLoader(
-        Rows(40), batch_size=4, num_workers=2, sampler=Backwards(), multiprocessing_context="fork"
+        Indices(40),
+        batch_size=4,
+        num_workers=2,
+        sampler=Backwards(),
+        multiprocessing_context="fork",
     )
     assert [x for b in loader for x in b.tolist()] == list(range(39, -1, -1))
     assert _sent_before_all_started(events) == 0
@@ -184,10 +178,10 @@ def test_last_parallel_says_what_reads_ran_elsewhere() -> None:
     reads = SampleReads(limit=4)
     try:
         reads._measured(0.001, 0.001)  # computes: one after another
-        assert reads.read(Rows(8), list(range(8))) == list(range(8))
+        assert reads.read(Indices(8), list(range(8))) == list(range(8))
         assert reads.last_parallel() is None
         reads._measured(0.1, 0.0001)  # waits: at once
-        assert reads.read(Rows(8), list(range(8))) == list(range(8))
+        assert reads.read(Indices(8), list(range(8))) == list(range(8))
         parallel = reads.last_parallel()
         assert parallel is not None
         assert parallel[2] == 8
@@ -267,7 +261,7 @@ def test_the_expected_slab_is_the_one_collate_fills() -> None:
 
 @pytest.mark.timeout(60)
 def test_slab_made_ahead_carries_the_same_batches() -> None:
-    class Waiting(Rows):
+    class Waiting(Indices):
         def __getitem__(self, index: int) -> Any:
             time.sleep(0.005)
             return {"x": torch.full((1000,), float(index)), "i": index}
@@ -282,7 +276,7 @@ def test_slab_made_ahead_carries_the_same_batches() -> None:
 
 
 def test_a_batch_read_at_once_is_judged_by_its_reads() -> None:
-    plan = ferry.DataLoader(Rows(64), batch_size=8, num_workers="auto")._plan()
+    plan = ferry.DataLoader(Indices(64), batch_size=8, num_workers="auto")._plan()
     switch = ThreadSwitch(plan, copies=True, replays=False)
     assert switch.active
     for _ in range(plan.num_workers):
