@@ -6,7 +6,10 @@
 * a worker process's read threads start without waiting for each to run (``detached``);
 * a batch whose reads still run has its shared-memory slab made meanwhile (``expect``);
 * ``num_workers="auto"`` judges a batch read at once by its reads' own times, not by the wall
-  time of the batch, which is about one read's.
+  time of the batch, which is about one read's; such a batch is enough to decide;
+* ``num_workers="auto"`` holds the other process workers back while worker 0's first read is
+  judged (``HeldWorkers``): started at once if it computes, after the first batch if it waits
+  (by then the loader has become threads, and they are never started).
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import torch.utils.data as tud
 
 import ferry
 from _support.datasets import Indices
+from _support.resume import assert_resumes_exactly
 from ferry._core.alloc import expect_batch, using_allocator
-from ferry._engine import channels, group, kinds, shm
+from ferry._engine import channels, group, kinds, shm, switch
 from ferry._engine.messages import Done, Timing
 from ferry._engine.reads import SampleReads
-from ferry._engine.switch import ThreadSwitch
+from ferry._engine.switch import HeldWorkers, ThreadSwitch
 from ferry._sampler_keys import first_draw_bytes
 from ferry.samplers import BatchSampler, RandomSampler, SequentialSampler
 from ferry.stats import StatsRecorder
@@ -293,3 +297,139 @@ def _timing(made_s: float) -> Timing:
 
 def plan_stats() -> StatsRecorder:
     return StatsRecorder(2)
+
+
+def test_one_batch_read_at_once_is_enough_to_judge() -> None:
+    plan = ferry.DataLoader(Indices(64), batch_size=8, num_workers="auto")._plan()
+    assert plan.num_workers >= 2
+    switch = ThreadSwitch(plan, copies=True, replays=False)
+    done = Done(0, None, timing=_timing(0.012), cpu=0.003, reads=(0.08, 0.0004, 8))
+    switch.after(done, list(range(8)), plan_stats(), lambda: 8)
+    assert "from batch 1 of the first epoch" in switch.why
+    # Fewer reads than DECISIVE_READS, or one batch read one after another: not enough.
+    for done in (
+        Done(0, None, timing=_timing(0.03), cpu=0.0003, reads=(0.03, 0.0003, 3)),
+        Done(0, None, timing=_timing(0.08), cpu=0.0008),
+    ):
+        other = ThreadSwitch(plan, copies=True, replays=False)
+        other.after(done, list(range(8)), plan_stats(), lambda: 8)
+        assert other.why == ""
+        assert not other.judge.decided
+
+
+# -- the other workers, held back while worker 0's first read is judged --------------------------
+
+
+def test_held_workers_start_when_the_first_read_computes_or_no_word_came() -> None:
+    configs: list[Any] = ["worker 1", "worker 2"]  # (stand-ins: only passed along)
+    held = HeldWorkers()
+    assert not held.due()
+    assert held.wait_for(0.5) == 0.5
+    held.hold(configs)
+    assert not held.due()
+    assert held.wait_for(0.5) <= switch.HOLD_FOR
+    held.waits = False  # worker 0's first read computes: they are needed now
+    assert held.due()
+    assert held.take() == configs
+    assert not held.due()
+
+    held.hold(configs)
+    held.until = time.monotonic() - 1  # no word within HOLD_FOR
+    assert held.due()
+    assert held.wait_for(0.5) == 0.0
+
+    held.hold(configs)
+    held.waits = True  # it waits: after the first batch (unless the loader became threads)
+    held.until = time.monotonic() - 1
+    assert not held.due()
+    assert held.wait_for(0.5) == 0.5
+    held.delivered = True
+    assert held.due()
+
+
+class _WaitingPids(tud.Dataset[Any]):
+    """Sample ``i`` is ``(i, pid of the process that read it)`` (``i`` alone without
+    ``pids``), after ``latency`` seconds of sleep (a read that waits) or of computing."""
+
+    def __init__(self, n: int, latency: float, computes: bool = False, pids: bool = True) -> None:
+        self.n, self.latency, self.computes, self.pids = n, latency, computes, pids
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        if self.computes:
+            end = time.thread_time() + self.latency
+            while time.thread_time() < end:
+                pass
+        else:
+            time.sleep(self.latency)
+        return (index, os.getpid()) if self.pids else index
+
+
+@pytest.mark.timeout(60)
+def test_reads_that_wait_become_threads_before_the_other_workers_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events = _record_order(monkeypatch)
+    # (no start for want of word from worker 0, however slow the machine)
+    monkeypatch.setattr(switch, "HOLD_FOR", 30.0)
+    loader = ferry.DataLoader(
+        _WaitingPids(96, 0.005), batch_size=16, num_workers="auto", multiprocessing_context="fork"
+    )
+    theirs = tud.DataLoader(range(96), batch_size=16)
+    for epoch in range(2):
+        batches = list(loader)
+        assert [b[0].tolist() for b in batches] == [b.tolist() for b in theirs]
+        assert loader.stats().engine == "thread"
+        assert "from batch 1 of the first epoch" in (loader.stats().tuning or "")
+        # Batch 0 of the first epoch from worker 0's process, every other one from a thread
+        # of this process.
+        assert bool(batches[0][1].eq(os.getpid()).all()) == (epoch > 0)
+        assert all(b[1].eq(os.getpid()).all() for b in batches[1:])
+    assert [what for what, _ in events].count("start") == 1  # worker 0's process alone
+
+
+@pytest.mark.timeout(60)
+def test_reads_that_compute_start_the_other_workers_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events = _record_order(monkeypatch)
+    monkeypatch.setattr(switch, "HOLD_FOR", 30.0)  # (started by worker 0's word alone)
+    loader = ferry.DataLoader(
+        _WaitingPids(24, 0.02, computes=True),
+        batch_size=4,
+        num_workers="auto",
+        multiprocessing_context="fork",
+    )
+    workers = loader._plan().num_workers
+    iterator = iter(loader)
+    first = next(iterator)
+    # The others were started while worker 0 computed its first batch (4 x 20 ms), not after
+    # it was handed out.
+    assert [w for what, w in events if what == "start"] == list(range(workers))
+    assert first[0].tolist() == [0, 1, 2, 3]
+    assert [x for b in iterator for x in b[0].tolist()] == list(range(4, 24))
+    assert loader.stats().engine == "process"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("batch_size", [1, 3, 16])
+def test_held_workers_keep_torchs_batches_order_and_resume(batch_size: int) -> None:
+    def make(seed: int) -> ferry.DataLoader[Any]:
+        return ferry.DataLoader(
+            _WaitingPids(40, 0.003, pids=False),
+            batch_size=batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
+            num_workers="auto",
+            multiprocessing_context="fork",
+        )
+
+    theirs = tud.DataLoader(
+        range(40), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(5)
+    )
+    loader = make(5)
+    for _ in range(2):
+        assert [b.tolist() for b in loader] == [b.tolist() for b in theirs]
+    assert_resumes_exactly(make, at=1)

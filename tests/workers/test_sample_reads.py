@@ -9,6 +9,7 @@ decision itself (how many reads at once) is tested with stand-in clocks.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, ClassVar
@@ -19,7 +20,7 @@ import torch.utils.data as tud
 
 import ferry
 from _support.resume import assert_resumes_exactly
-from ferry._engine.reads import PARALLEL_FROM, Failed, SampleReads
+from ferry._engine.reads import PARALLEL_FROM, Failed, SampleReads, busy_of
 
 LATENCY = 0.004
 
@@ -200,6 +201,43 @@ def test_a_first_read_that_computes_keeps_the_batch_on_the_callers_thread() -> N
         reads.close()
     assert data.threads == {threading.current_thread().name}
     assert reads.width == 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(
+    not hasattr(time, "pthread_getcpuclockid") or not os.path.exists("/proc/self/schedstat"),
+    reason="no per-thread CPU clocks or schedstat",
+)
+def test_a_threads_busy_seconds_are_up_to_date_while_it_computes() -> None:
+    """busy_of, as the first read's watcher reads it of a thread on a CPU: never behind the
+    thread's CPU clock and time queued for a CPU read just before. (``schedstat``'s CPU
+    figure for a running thread is as old as the last scheduler tick: a computing read would
+    look as if it waited.)"""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    matrix = torch.randn(600, 600)
+    stop = threading.Event()
+
+    def compute() -> None:  # on a CPU, without the GIL, until told to stop
+        while not stop.is_set():
+            matrix @ matrix
+
+    thread = threading.Thread(target=compute, daemon=True)
+    thread.start()
+    behind = []
+    try:
+        time.sleep(0.02)
+        for _ in range(100):
+            time.sleep(0.0003)
+            cpu = time.clock_gettime(time.pthread_getcpuclockid(thread.ident or 0))
+            with open(f"/proc/self/task/{thread.native_id}/schedstat", "rb") as schedstat:
+                queued = int(schedstat.read().split()[1]) / 1e9  # (waiting for a CPU)
+            behind.append(cpu + queued - busy_of(thread))
+    finally:
+        stop.set()
+        thread.join(10)
+        torch.set_num_threads(threads)
+    assert max(behind) <= 0.0
 
 
 @pytest.mark.timeout(30)

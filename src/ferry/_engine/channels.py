@@ -36,6 +36,7 @@ from ferry._engine.messages import (
     Exhausted,
     Failed,
     Fetch,
+    FirstLook,
     IndexTensor,
     NewSlab,
     Ready,
@@ -53,7 +54,7 @@ __all__ = [
     "WorkerMessage",
 ]
 
-WorkerMessage = Ready | Done | Exhausted | Failed | Stack
+WorkerMessage = Ready | Done | Exhausted | Failed | Stack | FirstLook
 
 H = TypeVar("H", bound=WorkerHandle)
 
@@ -228,7 +229,7 @@ class ProcessChannel(Channel[ProcessHandle]):
                     return None
         except (EOFError, OSError):
             raise WorkerGone(worker) from None
-        assert isinstance(message, (Ready, Done, Exhausted, Failed, Stack)), message
+        assert isinstance(message, (Ready, Done, Exhausted, Failed, Stack, FirstLook)), message
         if isinstance(message, (Done, Exhausted, Failed)):
             worker.slabs.answered()
         return message

@@ -28,6 +28,10 @@ worker -> main
     :class:`Stop`      leaving: the worker's loop ended and its process is exiting.
     :class:`Stack`     the answer to a :class:`StackRequest`: the task in progress, since
                        when, and the Python stack of the worker's main thread.
+    :class:`FirstLook` what the watcher of the worker's first read saw, once (a process
+                       worker's own per-sample reads, ``num_workers="auto"``): whether the
+                       read waits, so the main process knows whether to start the other
+                       workers now or after the first batch (see ``switch.HeldWorkers``).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ __all__ = [
     "Exhausted",
     "Failed",
     "Fetch",
+    "FirstLook",
     "IndexTensor",
     "NewSlab",
     "Ready",
@@ -114,6 +119,11 @@ class Stack:
     task: int | None  # the task being fetched (None: between tasks)
     since: float  # time.monotonic() when it began (the clock is system-wide on Linux)
     stack: str
+
+
+@dataclass(frozen=True)
+class FirstLook:
+    waits: bool  # True: the read waits and the rest of its batch was begun at once
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ from ferry._engine.incidents import Incidents
 from ferry._engine.iterator import LoaderIterator
 from ferry._engine.keys import stateful_part
 from ferry._engine.kinds import worker_kind
-from ferry._engine.messages import Done, Exhausted, Failed, Ready, Resume, Stack
+from ferry._engine.messages import Done, Exhausted, Failed, FirstLook, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
 from ferry._engine.reads import POOL_LIMIT
 from ferry._engine.schedule import Scheduler, TaskId
 from ferry._engine.slabfile import DescriptorLimitReached
-from ferry._engine.switch import ThreadMove, ThreadSwitch, measure_at_end
+from ferry._engine.switch import HeldWorkers, ThreadMove, ThreadSwitch, measure_at_end
 from ferry._engine.track import Delivery
 from ferry._engine.worker import WorkerConfig
 from ferry.errors import (
@@ -96,6 +96,7 @@ class WorkerIterator(Incidents, ThreadMove, LoaderIterator):
         # reads wait or whose memory grows past what the system has, give way to threads
         # (switch.py, _become_threads).
         self._switch = ThreadSwitch(plan, self._kind.copies_dataset, self._replays)
+        self._held = HeldWorkers()  # (auto: workers not started until the first look, see there)
         self._start_group()
 
     def _start_group(self) -> None:
@@ -143,13 +144,27 @@ class WorkerIterator(Incidents, ThreadMove, LoaderIterator):
         self._channel = self._kind.channel(self._group)
         self._begin_epoch(tasks=1 if early else None)
         if early:
-            self._start_workers(configs[1:])
-            self._channel.joined(self._workers[1:])
-            for _ in range(self._prefetch * self._num_workers - 1):
-                self._dispatch()
+            self._held.hold(configs[1:])
+            if not self._switch.active:  # (only auto's process workers are held back)
+                self._start_held()
+                return
         self._pin()  # (a thread: started once no more processes are forked)
         if any(config.replay for config in configs):
             self._await_states()  # the cursors hold keys that are not saved: replace them now
+
+    def _start_held(self) -> None:
+        """Start the workers held back (see HeldWorkers), and fill the prefetch queue."""
+        count = len(self._workers)
+        self._start_workers(self._held.take())
+        self._channel.joined(self._workers[count:])
+        self._fill()
+        self._pin()
+
+    def _fill(self) -> None:
+        """Send tasks until ``prefetch_factor * num_workers`` are out (handed out to the user
+        is not out; made and waiting here is), as torch bounds them."""
+        for _ in range(self._prefetch * self._num_workers - len(self._schedule.tasks)):
+            self._dispatch()
 
     def _start_workers(self, configs: list[WorkerConfig]) -> None:
         try:
@@ -233,6 +248,8 @@ class WorkerIterator(Incidents, ThreadMove, LoaderIterator):
         """Hand the next key of the epoch to a worker, if there is a key and a free worker."""
         if self._keys_done or not self._schedule.can_assign() or self._group.closed:
             return
+        if self._held.configs:  # (the next key may be a held worker's: see HeldWorkers)
+            return
         try:
             with self._track.stats.timing("sampler") as start:
                 index, key = next(self._track.keys)
@@ -261,6 +278,8 @@ class WorkerIterator(Incidents, ThreadMove, LoaderIterator):
             raise self._fatal
         if self._switch.why:
             self._become_threads()
+        elif self._held.due():
+            self._start_held()
         try:
             return self._next_result()
         except StopIteration:
@@ -339,6 +358,7 @@ class WorkerIterator(Incidents, ThreadMove, LoaderIterator):
 
     def _deliver(self, task_id: TaskId) -> Delivery:
         task = self._schedule.take(task_id)
+        self._held.delivered = True
         self._dispatch()
         error, task.error = task.error, None
         if error is None:
@@ -365,6 +385,9 @@ class WorkerIterator(Incidents, ThreadMove, LoaderIterator):
                 return
             case Stack():
                 self._stacks[worker_id] = message
+                return
+            case FirstLook(waits=waits):
+                self._held.waits = waits  # (held workers start at the next look if it does not)
                 return
             case Failed(task=None):  # a bug of ours ended a thread worker
                 exc = self._worker_exception(message, f"while starting ({message.stage})")
@@ -430,12 +453,14 @@ class WorkerIterator(Incidents, ThreadMove, LoaderIterator):
     def _receive(self, deadline: float | None) -> tuple[int, WorkerMessage]:
         """The next message from any worker; raises if a worker died or ``deadline`` passed."""
         while True:
+            if self._held.due():
+                self._start_held()
             left = (
                 _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, deadline - time.monotonic())
             )
             if left <= 0:
                 raise self._timeout_error()
-            got = self._poll(left)
+            got = self._poll(self._held.wait_for(left))
             if got is not None:
                 return got
             if self._stall is not None and not self._stall_reported:

@@ -43,7 +43,16 @@ from typing import Any
 from ferry._core.alloc import expect_batch
 from ferry._core.info import WorkerInfo, set_thread_worker_info, thread_worker_info
 
-__all__ = ["PARALLEL_FROM", "PEEK", "POOL_LIMIT", "Failed", "SampleReads", "WaitJudge", "busy_of"]
+__all__ = [
+    "DECISIVE_READS",
+    "PARALLEL_FROM",
+    "PEEK",
+    "POOL_LIMIT",
+    "Failed",
+    "SampleReads",
+    "WaitJudge",
+    "busy_of",
+]
 
 # Reads run in parallel once they wait at least this many times their CPU time.
 PARALLEL_FROM = 4.0
@@ -53,27 +62,37 @@ POOL_LIMIT = 64
 SMOOTHING = 0.3
 # The loader's first read is judged while it runs once it has taken this long (seconds).
 PEEK = 0.0005
+# A batch whose reads ran at once, this many or more, is enough for WaitJudge to decide.
+DECISIVE_READS = 8
 
 
 def busy_of(thread: threading.Thread | None = None) -> float:
     """Seconds ``thread`` (this thread: None) ran on a CPU plus seconds it was ready to run
     but waited for one (``/proc/.../schedstat``), so that on a machine with more runnable
     threads than CPUs the time a thread waited for a CPU does not pass for a read that waits;
-    its CPU time where there is no such file; -1.0 where neither can be read."""
-    native = threading.get_native_id() if thread is None else thread.native_id
+    its CPU time alone where there is no such file; -1.0 where neither can be read.
+
+    The CPU part comes from the thread's CPU clock, not from ``schedstat``: the kernel brings
+    that figure up to date only at a scheduler tick or switch, so for a thread on a CPU it lags
+    by up to a tick (milliseconds). Stale at the start of a read, it made a read that slept
+    look busy for a while (the first batch's reads began up to 3 ms late); stale at a look
+    while a read computes, it would make the read look as if it waited."""
+    own = thread is None or thread.ident == threading.get_ident()
+    native = threading.get_native_id() if own or thread is None else thread.native_id
+    cpu = -1.0
+    try:
+        if own:
+            cpu = thread_time()
+        elif thread is not None and thread.ident is not None:
+            cpu = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (AttributeError, OSError):  # (no per-thread CPU clocks on this system)
+        pass
     try:
         with open(f"/proc/self/task/{native}/schedstat", "rb") as schedstat:
             ran, queued, _ = schedstat.read().split()
-        return (int(ran) + int(queued)) / 1e9
     except (OSError, ValueError):
-        pass
-    if thread is None:
-        return thread_time()
-    try:
-        assert thread.ident is not None
-        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-    except (AttributeError, AssertionError, OSError):
-        return -1.0
+        return cpu
+    return (cpu if cpu >= 0 else int(ran) / 1e9) + int(queued) / 1e9
 
 
 class Failed:
@@ -240,6 +259,9 @@ class SampleReads:
         self.cpu: float | None = None
         self.width = 1
         self.peak_width = 1  # the most reads of one batch run at once (for the statistics)
+        # Told once, from the first read's watcher, whether that read waits (True: the rest of
+        # its batch was begun at once) or not (it computes, or ended before it was judged).
+        self.on_first_look: Callable[[bool], None] | None = None
         if measured is not None:  # (one read's wall and CPU seconds, measured elsewhere)
             self._measured(*measured)
 
@@ -298,22 +320,36 @@ class SampleReads:
 
     def _watch(self, job: tuple[_FirstRead, Any, Sequence[Any]]) -> None:
         """On a pool thread: look at the first read now and then while it runs; once it has
-        taken PEEK seconds and PARALLEL_FROM times its busy seconds, begin the rest."""
+        taken PEEK seconds and PARALLEL_FROM times its busy seconds, begin the rest. What the
+        first look that could judge it saw goes to ``on_first_look``."""
         first, dataset, rest = job
         wall = 0.0
+        told = False
         while True:
             # Often at first, then less: a read that computes for seconds is not slowed.
             time.sleep(min(max(PEEK, wall / 10), 0.05))
             with first.lock:
                 if first.over or (first.began is not None and first.began[1] < 0):
-                    return  # (it ended; or no way to read another thread's CPU time here)
+                    # (it ended; or no way to read another thread's CPU time here)
+                    waits = None
+                    break
                 if first.began is None:
                     continue
                 wall = self._clock() - first.began[0]
                 busy = self._busy(first.thread) - first.began[1]
                 if wall >= PEEK and wall >= PARALLEL_FROM * busy:
                     first.rest = self._launch(dataset, rest, len(rest) + 1, first.info)
-                    return
+                    waits = True
+                    break
+            if wall >= PEEK and not told:  # it computes, for now
+                told = True
+                self._tell_first_look(False)
+        if not told:
+            self._tell_first_look(bool(waits))
+
+    def _tell_first_look(self, waits: bool) -> None:
+        if self.on_first_look is not None:
+            self.on_first_look(waits)
 
     def _serial(self, dataset: Any, keys: Sequence[Any], collect: bool) -> list[Any]:
         """The reads one after another on this thread, measured into the averages."""
@@ -455,8 +491,11 @@ class SampleReads:
 class WaitJudge:
     """Whether process workers wait on their reads (``num_workers="auto"``): from the first
     ``batches`` batches they make, their wall seconds (fetch and collate) against the CPU
-    seconds their thread used. Decides once; :meth:`add` returns why they should become
-    thread workers, or "" (not yet, or they stay)."""
+    seconds their thread used; or from one batch whose reads ran at once, at least
+    :data:`DECISIVE_READS` of them (its worker's watcher saw them wait already, and each read
+    was timed on its own: enough to go by, and the other workers need not start). Decides
+    once; :meth:`add` returns why they should become thread workers, or "" (not yet, or they
+    stay)."""
 
     def __init__(self, batches: int) -> None:
         self.batches = max(batches, 1)
@@ -470,15 +509,16 @@ class WaitJudge:
             return None
         return self.wall / self.reads, self.cpu / self.reads
 
-    def add(self, wall: float, cpu: float, reads: int = 1) -> str:
-        """A batch of ``reads`` samples took ``wall`` seconds and ``cpu`` CPU seconds."""
+    def add(self, wall: float, cpu: float, reads: int = 1, at_once: bool = False) -> str:
+        """A batch of ``reads`` samples took ``wall`` seconds and ``cpu`` CPU seconds (with
+        ``at_once``: its reads ran at once, and these are their sums)."""
         if self.decided:
             return ""
         self.wall += wall
         self.cpu += cpu
         self.reads += reads
         self.seen += 1
-        if self.seen < self.batches:
+        if self.seen < self.batches and not (at_once and reads >= DECISIVE_READS):
             return ""
         self.decided = True
         ratio = self.wall / max(self.cpu, 1e-7)

@@ -16,11 +16,18 @@ Two reasons, either enough:
 Only for a map-style dataset with no state of its own (a process worker's state could not move
 into the shared object), not a stream (its workers' kind decides its shards), not an async
 dataset (its process workers already keep a batch's reads in flight at once).
+
+While the first worker's first read is judged, the other workers are held back
+(:class:`HeldWorkers`): on two CPUs, forking and starting them slowed the first worker's start
+of its batch's reads by milliseconds, and when those reads wait the loader becomes threads after
+that batch anyway, so the other processes would be started for nothing.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
@@ -45,7 +52,12 @@ from ferry._engine.track import EpochTrack
 from ferry._engine.worker import WorkerConfig
 from ferry.stats import StatsRecorder
 
-__all__ = ["ThreadMove", "ThreadSwitch", "measure_at_end"]
+__all__ = ["HOLD_FOR", "HeldWorkers", "ThreadMove", "ThreadSwitch", "measure_at_end"]
+
+# The longest the other workers are held back for the first worker's first look (seconds):
+# it comes a few ms after the first worker starts; a worker slow to start (a long
+# worker_init_fn, a spawned interpreter) must not keep the others waiting for it.
+HOLD_FOR = 0.02
 
 
 class ThreadSwitch:
@@ -80,7 +92,7 @@ class ThreadSwitch:
         if self.why or self.judge.decided:
             return
         if done.reads is not None:  # read at once: what its reads took, one by one
-            self.why = self.judge.add(*done.reads)
+            self.why = self.judge.add(*done.reads, at_once=True)
         elif done.cpu >= 0:
             self.why = self.judge.add(done.timing.made_s, done.cpu, _key_length(key))
 
@@ -100,6 +112,43 @@ class ThreadSwitch:
         return growth_verdict(grown, made, left, self._budget, self._ceiling)
 
 
+class HeldWorkers:
+    """The workers after the first of an auto loader's process workers, not started yet: they
+    start as soon as the first worker's first read is seen not to wait (it computes: they are
+    needed now), at :data:`HOLD_FOR` with no word of it, or once the first batch was handed
+    out (its reads waited: the loader may become threads at that batch, see
+    :class:`ThreadSwitch`, and then they are never started). Tasks wait for them: batch ``i``
+    still goes to worker ``i % num_workers``, as in torch."""
+
+    def __init__(self) -> None:
+        self.configs: list[WorkerConfig] = []
+        self.until = 0.0  # time.monotonic() past which they start with no word of the first
+        self.waits: bool | None = None  # what the first worker's first look said (None: no word)
+        self.delivered = False  # the first batch was handed out
+
+    def hold(self, configs: list[WorkerConfig]) -> None:
+        self.configs, self.waits, self.delivered = configs, None, False
+        self.until = time.monotonic() + HOLD_FOR
+
+    def wait_for(self, left: float) -> float:
+        """How long the loop may wait for a message (at most ``left``) before they are due."""
+        if not self.configs or self.waits is not None or self.delivered:
+            return left
+        return max(min(left, self.until - time.monotonic()), 0.0)
+
+    def due(self) -> bool:
+        """Whether the held workers should start now."""
+        if not self.configs:
+            return False
+        if self.delivered or self.waits is False:
+            return True
+        return self.waits is None and time.monotonic() >= self.until
+
+    def take(self) -> list[WorkerConfig]:
+        configs, self.configs, self.until = self.configs, [], math.inf
+        return configs
+
+
 class ThreadMove:
     """The move itself: a mixin of :class:`~ferry._engine.pool.WorkerIterator`, which decides
     when (``ThreadSwitch.why``, looked at before each batch)."""
@@ -114,11 +163,15 @@ class ThreadMove:
     _workers: list[WorkerHandle]
     _channel: Channel[Any]
     _schedule: Scheduler
+    _held: HeldWorkers
 
     def _fail(self, exc: BaseException) -> None:
         raise NotImplementedError
 
     def _pin(self) -> None:
+        raise NotImplementedError
+
+    def _fill(self) -> None:
         raise NotImplementedError
 
     def _become_threads(self) -> None:
@@ -130,6 +183,7 @@ class ThreadMove:
         process's generators, as thread workers do). Only for a map-style dataset with no
         state of its own (``ThreadSwitch.active``), so no worker's position has to move over."""
         why = self._switch.take()
+        self._held.take()  # (workers not started yet never will be: threads take their place)
         # Batches the process workers made already are handed out as they are (they lie in
         # slabs the main process keeps mapped while a tensor is over them); the rest, which
         # are dropped with the process workers, are fetched again. (With pinning, a made batch
@@ -169,6 +223,7 @@ class ThreadMove:
         for task_id in self._schedule.reassign_all(keep_made):
             task = self._schedule.tasks[task_id]
             self._channel.send_task(self._workers[task.worker_id], task_id, task.key)
+        self._fill()  # (not full where tasks waited for workers held back)
 
 
 def measure_at_end(stats: StatsRecorder, pids: list[tuple[int, int | None]]) -> None:

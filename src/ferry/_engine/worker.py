@@ -41,6 +41,7 @@ from ferry._engine.messages import (
     Exhausted,
     Failed,
     Fetch,
+    FirstLook,
     IndexTensor,
     NewSlab,
     Ready,
@@ -237,6 +238,10 @@ def run_worker_loop(
         fetcher = keeper.open(config.fetcher, config.resume, config.replay)
     except Exception as exc:
         broken = failure(None, config.worker_id, exc, stage)
+    own_reads = getattr(fetcher, "reads", None) if broken is None and config.read_limit else None
+    if isinstance(own_reads, SampleReads) and own_reads.on_first_look is None:
+        # (the main process may hold the other workers back until it knows: HeldWorkers)
+        own_reads.on_first_look = lambda waits: send(FirstLook(waits))
     states = keeper.states(fetcher) if config.report_start and broken is None else None
     send(Ready(config.worker_id, os.getpid(), states))
     while True:
