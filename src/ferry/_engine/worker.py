@@ -11,6 +11,7 @@ worker at once if the parent is gone (the connection closes, or the parent pid c
 
 from __future__ import annotations
 
+import _thread
 import dataclasses
 import os
 import pickle
@@ -400,18 +401,18 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
         send(activity.stack(config.worker_id, main_thread))
 
     slabs = SlabAllocator(config.parent_pid, config.named_slabs) if SLABS_SUPPORTED else None
-    reader = threading.Thread(
-        target=_watch_parent,
-        args=(conn, inbox, os.getppid(), stopping),
-        kwargs={
+    # The reader thread, started without waiting for it to run (as threading.Thread.start()
+    # does: about 0.6 ms of a freshly forked worker's start, on the way to its first batch). It
+    # is never joined: it ends with the process.
+    _thread.start_new_thread(
+        _watch_parent,
+        (conn, inbox, os.getppid(), stopping),
+        {
             "main_pid": config.parent_pid,
             "answer_stack": answer_stack,
             "retire": slabs.retire if slabs is not None else lambda slab_ids: None,
         },
-        name=f"ferry-worker-{config.worker_id}-reader",
-        daemon=True,
     )
-    reader.start()
 
     try:
         run_worker_loop(
