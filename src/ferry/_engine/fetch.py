@@ -84,7 +84,7 @@ class _TimedFetch:
     # parallel reads, only its own share): against fetch_s + collate_s, how much it waited.
     # Measured for the first batches and one in CPU_SAMPLE after (a CPU clock read is a system
     # call, 0.4 us, a real share of the cheapest batches); -1 for a batch not measured. The
-    # first CPU_FIRST, which num_workers="auto" judges (do the reads wait? reads.WaitJudge),
+    # first CPU_FIRST, which num_workers="auto" judges (do the reads wait? switch.WaitJudge),
     # also count the time the thread waited for a CPU (reads.busy_of, about 10 us a read): on
     # a machine with more runnable threads than CPUs that wait is not a read that waits, and
     # counted as one it would move CPU-bound work to threads.

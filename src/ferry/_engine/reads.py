@@ -44,13 +44,11 @@ from ferry._core.alloc import expect_batch
 from ferry._core.info import WorkerInfo, set_thread_worker_info, thread_worker_info
 
 __all__ = [
-    "DECISIVE_READS",
     "PARALLEL_FROM",
     "PEEK",
     "POOL_LIMIT",
     "Failed",
     "SampleReads",
-    "WaitJudge",
     "busy_of",
 ]
 
@@ -62,8 +60,6 @@ POOL_LIMIT = 64
 SMOOTHING = 0.3
 # The loader's first read is judged while it runs once it has taken this long (seconds).
 PEEK = 0.0005
-# A batch whose reads ran at once, this many or more, is enough for WaitJudge to decide.
-DECISIVE_READS = 8
 
 
 def busy_of(thread: threading.Thread | None = None) -> float:
@@ -331,7 +327,7 @@ class SampleReads:
             with first.lock:
                 if first.over or (first.began is not None and first.began[1] < 0):
                     # (it ended; or no way to read another thread's CPU time here)
-                    waits = None
+                    waits = False
                     break
                 if first.began is None:
                     continue
@@ -345,7 +341,7 @@ class SampleReads:
                 told = True
                 self._tell_first_look(False)
         if not told:
-            self._tell_first_look(bool(waits))
+            self._tell_first_look(waits)
 
     def _tell_first_look(self, waits: bool) -> None:
         if self.on_first_look is not None:
@@ -486,46 +482,3 @@ class SampleReads:
             # (one being started now leaves at its first task)
             if thread.ident is not None and thread is not here:
                 thread.join(max(deadline - perf_counter(), 0.0))
-
-
-class WaitJudge:
-    """Whether process workers wait on their reads (``num_workers="auto"``): from the first
-    ``batches`` batches they make, their wall seconds (fetch and collate) against the CPU
-    seconds their thread used; or from one batch whose reads ran at once, at least
-    :data:`DECISIVE_READS` of them (its worker's watcher saw them wait already, and each read
-    was timed on its own: enough to go by, and the other workers need not start). Decides
-    once; :meth:`add` returns why they should become thread workers, or "" (not yet, or they
-    stay)."""
-
-    def __init__(self, batches: int) -> None:
-        self.batches = max(batches, 1)
-        self.wall = self.cpu = 0.0
-        self.seen = self.reads = 0
-        self.decided = False
-
-    def per_read(self) -> tuple[float, float] | None:
-        """One read's mean wall and CPU seconds over the batches judged (None: none yet)."""
-        if not self.reads:
-            return None
-        return self.wall / self.reads, self.cpu / self.reads
-
-    def add(self, wall: float, cpu: float, reads: int = 1, at_once: bool = False) -> str:
-        """A batch of ``reads`` samples took ``wall`` seconds and ``cpu`` CPU seconds (with
-        ``at_once``: its reads ran at once, and these are their sums)."""
-        if self.decided:
-            return ""
-        self.wall += wall
-        self.cpu += cpu
-        self.reads += reads
-        self.seen += 1
-        if self.seen < self.batches and not (at_once and reads >= DECISIVE_READS):
-            return ""
-        self.decided = True
-        ratio = self.wall / max(self.cpu, 1e-7)
-        if ratio < PARALLEL_FROM:
-            return ""
-        return (
-            f"worker_type='thread' from batch {self.seen} of the first epoch on: the process "
-            f"workers' reads took {ratio:.0f}x the CPU time they used (they wait), and "
-            "thread workers read the samples of a batch at once"
-        )

@@ -25,7 +25,6 @@ that batch anyway, so the other processes would be started for nothing.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import weakref
@@ -46,18 +45,71 @@ from ferry._engine.keys import stateful_part
 from ferry._engine.kinds import ThreadWorkers, WorkerKind
 from ferry._engine.messages import Done
 from ferry._engine.plan import EpochPlan
-from ferry._engine.reads import SampleReads, WaitJudge
+from ferry._engine.reads import PARALLEL_FROM, SampleReads
 from ferry._engine.schedule import Scheduler
 from ferry._engine.track import EpochTrack
 from ferry._engine.worker import WorkerConfig
 from ferry.stats import StatsRecorder
 
-__all__ = ["HOLD_FOR", "HeldWorkers", "ThreadMove", "ThreadSwitch", "measure_at_end"]
+__all__ = [
+    "DECISIVE_READS",
+    "HOLD_FOR",
+    "HeldWorkers",
+    "ThreadMove",
+    "ThreadSwitch",
+    "WaitJudge",
+    "measure_at_end",
+]
 
 # The longest the other workers are held back for the first worker's first look (seconds):
 # it comes a few ms after the first worker starts; a worker slow to start (a long
 # worker_init_fn, a spawned interpreter) must not keep the others waiting for it.
 HOLD_FOR = 0.02
+# A batch whose reads ran at once, this many or more, is enough for WaitJudge to decide.
+DECISIVE_READS = 8
+
+
+class WaitJudge:
+    """Whether process workers wait on their reads (``num_workers="auto"``): from the first
+    ``batches`` batches they make, their wall seconds (fetch and collate) against the CPU
+    seconds their thread used; or from one batch whose reads ran at once, at least
+    :data:`DECISIVE_READS` of them (its worker's watcher saw them wait already, and each read
+    was timed on its own: enough to go by, and the other workers need not start). Decides
+    once; :meth:`add` returns why they should become thread workers, or "" (not yet, or they
+    stay)."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = max(batches, 1)
+        self.wall = self.cpu = 0.0
+        self.seen = self.reads = 0
+        self.decided = False
+
+    def per_read(self) -> tuple[float, float] | None:
+        """One read's mean wall and CPU seconds over the batches judged (None: none yet)."""
+        if not self.reads:
+            return None
+        return self.wall / self.reads, self.cpu / self.reads
+
+    def add(self, wall: float, cpu: float, reads: int = 1, at_once: bool = False) -> str:
+        """A batch of ``reads`` samples took ``wall`` seconds and ``cpu`` CPU seconds (with
+        ``at_once``: its reads ran at once, and these are their sums)."""
+        if self.decided:
+            return ""
+        self.wall += wall
+        self.cpu += cpu
+        self.reads += reads
+        self.seen += 1
+        if self.seen < self.batches and not (at_once and reads >= DECISIVE_READS):
+            return ""
+        self.decided = True
+        ratio = self.wall / max(self.cpu, 1e-7)
+        if ratio < PARALLEL_FROM:
+            return ""
+        return (
+            f"worker_type='thread' from batch {self.seen} of the first epoch on: the process "
+            f"workers' reads took {ratio:.0f}x the CPU time they used (they wait), and "
+            "thread workers read the samples of a batch at once"
+        )
 
 
 class ThreadSwitch:
@@ -145,7 +197,7 @@ class HeldWorkers:
         return self.waits is None and time.monotonic() >= self.until
 
     def take(self) -> list[WorkerConfig]:
-        configs, self.configs, self.until = self.configs, [], math.inf
+        configs, self.configs = self.configs, []
         return configs
 
 
