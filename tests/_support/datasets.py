@@ -87,6 +87,18 @@ class Indices:
         return index
 
 
+class AllAtOnce:
+    """Sample ``i`` is ``i``, read only once ``count`` reads wait together (a barrier): a read
+    returns only if that many run at once, else the barrier breaks after ``timeout``."""
+
+    def __init__(self, count: int, timeout: float = 10) -> None:
+        self._together = threading.Barrier(count, timeout=timeout)
+
+    def __getitem__(self, index: int) -> int:
+        self._together.wait()
+        return index
+
+
 class Blocks:
     """Map-style: a tensor of ``shape`` and ``dtype`` filled with the index."""
 

@@ -25,7 +25,7 @@ import torch
 import torch.utils.data as tud
 
 import ferry
-from _support.datasets import Indices
+from _support.datasets import AllAtOnce, Indices
 from _support.resume import assert_resumes_exactly
 from ferry._core.alloc import expect_batch, using_allocator
 from ferry._engine import channels, group, kinds, shm, switch
@@ -154,17 +154,10 @@ def test_a_users_sampler_waits_for_every_fork(monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.timeout(30)
 def test_detached_read_threads_read_at_once_and_stop() -> None:
     reads = SampleReads(limit=8, detached=True)
-    together = threading.Barrier(8, timeout=10)  # passes only if all 8 reads run at once
-
-    class AllAtOnce:
-        def __getitem__(self, index: int) -> int:
-            together.wait()
-            return index
-
     reads._measured(0.01, 0.0001)  # (measured to wait: read at once)
     before = {t.name for t in threading.enumerate()}
     try:
-        assert reads.read(AllAtOnce(), list(range(8))) == list(range(8))
+        assert reads.read(AllAtOnce(8), list(range(8))) == list(range(8))  # (8 at once)
         assert reads.last_parallel() is not None
         assert reads._pool is not None
         assert reads._pool.size == 8

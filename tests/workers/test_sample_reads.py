@@ -19,6 +19,7 @@ import torch
 import torch.utils.data as tud
 
 import ferry
+from _support.datasets import AllAtOnce
 from _support.resume import assert_resumes_exactly
 from ferry._engine.reads import PARALLEL_FROM, Failed, SampleReads, busy_of
 
@@ -266,16 +267,9 @@ def test_a_first_read_that_fails_cancels_what_the_watcher_began() -> None:
 @pytest.mark.timeout(30)
 def test_the_pool_reaches_its_width_with_threads_starting_threads() -> None:
     reads = SampleReads(limit=31)
-    together = threading.Barrier(31, timeout=10)  # passes only if all 31 reads run at once
-
-    class AllAtOnce:
-        def __getitem__(self, index: int) -> int:
-            together.wait()
-            return index
-
     reads._measured(0.01, 0.0001)  # (measured to wait: read at once)
     try:
-        assert reads.read(AllAtOnce(), list(range(31))) == list(range(31))
+        assert reads.read(AllAtOnce(31), list(range(31))) == list(range(31))  # (31 at once)
         assert reads._pool is not None
         assert len(reads._pool._threads) == 31
     finally:
