@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import array
 import base64
+import ctypes
 import random
 import sys
 from dataclasses import dataclass
@@ -33,7 +34,17 @@ __all__ = [
     "ready_to_fork",
     "seed_torch",
     "set_generator_state",
+    "tensor_bytes",
 ]
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The bytes of a CPU tensor, copied out without numpy (``tensor.numpy()`` raises where
+    numpy is not installed, and numpy is optional). The same bytes as
+    ``tensor.numpy().tobytes()``, as fast (a few microseconds for a generator's state), where
+    ``bytes(tensor.tolist())`` would take about 100."""
+    flat = tensor.contiguous()
+    return ctypes.string_at(flat.data_ptr(), flat.numel() * flat.element_size())
 
 
 def encode_bytes(data: bytes) -> str:
@@ -46,7 +57,7 @@ def decode_bytes(text: str) -> bytes:
 
 def generator_state(generator: torch.Generator) -> str:
     """``generator``'s state as a string (about 6.7 kB for a CPU generator)."""
-    return encode_bytes(bytes(generator.get_state().numpy().tobytes()))
+    return encode_bytes(tensor_bytes(generator.get_state()))
 
 
 def set_generator_state(generator: torch.Generator, state: str) -> None:
@@ -90,7 +101,7 @@ class ProcessRng:
             numpy_pos = int(state["state"]["pos"])
             numpy_gauss = float(state["gauss"]) if state["has_gauss"] else None
         return cls(
-            bytes(torch.get_rng_state().numpy().tobytes()),
+            tensor_bytes(torch.get_rng_state()),
             array.array("I", words).tobytes(),
             gauss,
             numpy_state,
@@ -153,7 +164,7 @@ class RngWatch:
     def changed(self) -> ProcessRng | None:
         """The generators now, if they moved since the last call (or on the first); else None."""
         raw = (
-            bytes(torch.get_rng_state().numpy().tobytes()),
+            tensor_bytes(torch.get_rng_state()),
             self._random_view() if self._random_view is not None else random.getstate(),
             random._inst.gauss_next,  # type: ignore[attr-defined]
             self._numpy_view() if self._numpy_view is not None else None,

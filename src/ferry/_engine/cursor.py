@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ferry._core.rng import ProcessRng, generator_from_state
+from ferry._core.rng import ProcessRng, generator_from_state, tensor_bytes
 from ferry._engine.keys import KeysCursor
 
 __all__ = [
@@ -194,7 +194,7 @@ class RunCounts:
 
 def global_rng_fingerprint() -> str:
     """A short digest of torch's global CPU generator's state as it stands now."""
-    data = torch.get_rng_state().numpy().tobytes()
+    data = tensor_bytes(torch.get_rng_state())
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 

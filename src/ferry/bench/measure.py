@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from ferry._cli import batch_leaves
+from ferry._core.rng import tensor_bytes
 
 __all__ = [
     "HAVE_PROC",
@@ -227,7 +228,7 @@ def batch_digest(batch: Any) -> str:
         if isinstance(leaf, torch.Tensor):
             digest.update(f"tensor {leaf.dtype} {tuple(leaf.shape)}".encode())
             digest.update(
-                leaf.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                tensor_bytes(leaf.detach().cpu().contiguous().reshape(-1).view(torch.uint8))
             )
         elif hasattr(leaf, "dtype") and hasattr(leaf, "tobytes"):  # a numpy array
             digest.update(f"array {leaf.dtype} {leaf.shape}".encode())
