@@ -71,13 +71,21 @@ def _rows() -> list[Row]:
 # --- options -------------------------------------------------------------------------------
 
 
-def test_defaults_run_every_workload_with_0_and_2_workers_3_reps() -> None:
+def test_defaults_run_every_workload_family_with_0_and_2_workers_3_reps() -> None:
     config = cli.config_from_args(_args())
-    assert config.workloads == tuple(WORKLOADS)
     assert tuple(WORKLOADS) == ("tensor", "image", "dict", "jpeg", "stream", "io10", "io50")
+    assert config.workloads == ("tensor", "image", "dict", "jpeg", "stream", "io10")
     assert config.workers == (0, 2)
     assert (config.reps, config.warmup, config.quick, config.batch_size) == (3, 1, False, None)
-    assert config.candidate == "ferry"
+    assert (config.candidate, config.io) == ("ferry", False)
+    assert config.batches(WORKLOADS["io10"]) == 8  # the short I/O rows of the default run
+
+
+def test_io_runs_the_io_rows_at_full_size() -> None:
+    config = cli.config_from_args(_args("--io"))
+    assert config.workloads == tuple(WORKLOADS)
+    assert config.batches(WORKLOADS["io50"]) == WORKLOADS["io50"].batches == 32
+    assert config.batches(WORKLOADS["tensor"]) == WORKLOADS["tensor"].batches
 
 
 def test_options_focus_the_run() -> None:
@@ -282,7 +290,6 @@ def test_plot_without_matplotlib_says_how_to_install_it(
 
 
 def test_plot_is_a_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     from ferry.bench.report import write_plot
 
     write_plot(_rows(), tmp_path / "ratios.png")

@@ -20,9 +20,10 @@ from ferry.bench.latency import format_latency
 from ferry.bench.report import format_table, metadata, to_json, write_plot
 from ferry.bench.resume import ResumeRow, format_resume, run_resume, time_state_dict
 from ferry.bench.runner import Config, run_suite
+from ferry.bench.scaling import SCALING_WORKLOADS
 from ferry.bench.workloads import WORKLOADS
 
-__all__ = ["config_from_args", "configure", "run"]
+__all__ = ["config_from_args", "configure", "default_workloads", "run"]
 
 DESCRIPTION = """\
 Runs built-in workloads (data made on the fly, nothing downloaded) through
@@ -30,18 +31,31 @@ torch.utils.data.DataLoader and ferry.DataLoader with identical arguments, alter
 and prints a table of medians: batches/s and their ratio, CPU per batch, peak memory, time to
 the first batch, and the memcpy bound of each batch's bytes. The I/O-latency workloads (io10,
 io50) get a second table: samples/s beside the bound that the loader's concurrency C allows at
-the latency L (C/L) and the CPU bound."""
+the latency L (C/L) and the CPU bound.
+
+The default run takes about 2 minutes on 2 cores. --io runs the I/O rows at full size (io10 and
+io50, 1,024 samples: about 6 minutes more). --scaling runs the scaling mode instead: the jpeg
+and uint8 workloads at 1, 2, 4, ... workers (--workers-list), each loader against the roof (the
+same dataset work in N plain processes, no loader), with the GPU feed where CUDA is present."""
 
 
 def _workload_names(text: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in WORKLOADS]
+    known = {**WORKLOADS, **SCALING_WORKLOADS}
+    unknown = [name for name in names if name not in known]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
             f"unknown workload {', '.join(map(repr, unknown)) or repr(text)}; "
-            f"choose from {', '.join(WORKLOADS)}"
+            f"choose from {', '.join(WORKLOADS)} (with --scaling: "
+            f"{', '.join(SCALING_WORKLOADS)})"
         )
     return tuple(dict.fromkeys(names))
+
+
+def default_workloads(io: bool, quick: bool = False) -> tuple[str, ...]:
+    """The workloads of a run without ``--only``: every family; io50 (about 26 s a run with
+    workers at full size) with ``--io``, or under ``--quick``, where its runs are 8 samples."""
+    return tuple(name for name in WORKLOADS if io or quick or name != "io50")
 
 
 def _worker_counts(text: str) -> tuple[int, ...]:
@@ -56,13 +70,22 @@ def _worker_counts(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(counts))
 
 
+def _scaling_counts(text: str) -> tuple[int, ...]:
+    counts = _worker_counts(text)
+    if 0 in counts:
+        raise argparse.ArgumentTypeError(f"expected worker counts >= 1, got {text!r}")
+    return counts
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench`` options to ``parser``."""
     parser.description = DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     listing = "\n".join(f"  {w.name:<8} {w.summary}" for w in WORKLOADS.values())
+    scaling = "\n".join(f"  {w.name:<8} {w.summary}" for w in SCALING_WORKLOADS.values())
     parser.epilog = (
-        f"workloads:\n{listing}\n\nexit status: 0 every row ran, 1 a row failed (its error is in "
+        f"workloads:\n{listing}\n\nworkloads of --scaling:\n{scaling}\n\n"
+        "exit status: 0 every row ran, 1 a row failed (its error is in "
         "the table),\n2 bad arguments or matplotlib missing for --plot, 130 interrupted"
     )
     add = parser.add_argument
@@ -86,6 +109,42 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="skip the resume rows (time to first batch resuming mid-epoch; state_dict() time)",
     )
     add(
+        "--io",
+        action="store_true",
+        help="the I/O rows at full size, io50 included (about 6 minutes more on 2 cores)",
+    )
+    add(
+        "--scaling",
+        action="store_true",
+        help="the scaling mode: loaders at 1, 2, 4, ... workers against the roof",
+    )
+    add(
+        "--workers-list",
+        type=_scaling_counts,
+        metavar="N[,N]",
+        help="--scaling: worker counts, run in this order (default 1, 2, 4, ... the CPU count)",
+    )
+    add(
+        "--feed",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="--scaling: 'gpu' pins, moves each batch to CUDA and normalizes it there; "
+        "'auto' (default) is gpu where CUDA is present",
+    )
+    add("--no-threads", action="store_true", help="--scaling: leave out ferry's thread workers")
+    add(
+        "--budget",
+        type=seconds,
+        metavar="SECONDS",
+        help="--scaling: start no row after this many seconds (the rest are reported not run)",
+    )
+    add(
+        "--markdown",
+        type=Path,
+        metavar="PATH",
+        help="--scaling: write the table as markdown (rewritten after every row, as --json)",
+    )
+    add(
         "--candidate",
         choices=("ferry", "torch"),
         default="ferry",
@@ -97,13 +156,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
     """The :class:`Config` the parsed options describe."""
     reps = args.reps if args.reps is not None else (1 if args.quick else 3)
     return Config(
-        workloads=args.only or tuple(WORKLOADS),
+        workloads=args.only or default_workloads(args.io, args.quick),
         workers=args.workers if args.workers is not None else (0, 2),
         reps=reps,
         quick=args.quick,
         batch_size=args.batch_size,
         timeout_s=args.timeout,
         candidate=args.candidate,
+        io=args.io,
     )
 
 
@@ -113,6 +173,27 @@ def _load_average() -> float | None:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
+
+
+def _scaling_only_options(args: argparse.Namespace) -> str | None:
+    """The problem with options that only ``--scaling`` takes, given without it."""
+    given = [
+        option
+        for option, value in (
+            ("--workers-list", args.workers_list),
+            ("--feed", None if args.feed == "auto" else args.feed),
+            ("--no-threads", args.no_threads or None),
+            ("--budget", args.budget),
+            ("--markdown", args.markdown),
+        )
+        if value is not None
+    ]
+    if given:
+        return f"{', '.join(given)} go(es) with --scaling"
+    unknown = [name for name in args.only or () if name not in WORKLOADS]
+    if unknown:
+        return f"workload {', '.join(map(repr, unknown))} runs with --scaling only"
+    return None
 
 
 def _progress(line: str) -> None:
@@ -132,6 +213,14 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if problem:
             print(f"ferry bench: {problem}", file=sys.stderr)
             return 2
+    if args.scaling:
+        from ferry.bench.scaling_cli import run_scaling_command
+
+        return run_scaling_command(args, argv)
+    problem = _scaling_only_options(args)
+    if problem:
+        print(f"ferry bench: {problem}", file=sys.stderr)
+        return 2
     config = config_from_args(args)
     load = _load_average()
     cpus = os.cpu_count() or 1

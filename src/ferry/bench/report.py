@@ -18,6 +18,7 @@ from ferry.bench.latency import latency_lines
 from ferry.bench.measure import HAVE_PROC
 from ferry.bench.results import Row, Summary, column_renderer
 from ferry.bench.runner import Config
+from ferry.bench.scaling import ScalingConfig
 
 __all__ = [
     "format_table",
@@ -112,7 +113,7 @@ def format_table(rows: Sequence[Row], legend: bool = True) -> str:
     return "\n".join(lines)
 
 
-def metadata(argv: Sequence[str], config: Config) -> dict[str, Any]:
+def metadata(argv: Sequence[str], config: Config | ScalingConfig) -> dict[str, Any]:
     """Where and how the results were made, for the ``--json`` file."""
     import ferry
 
@@ -185,20 +186,57 @@ def to_json(rows: Sequence[Row], meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_plot(rows: Sequence[Row], path: Path) -> None:
-    """A PNG bar chart of ferry's speed over torch's, one bar per row; a line marks 1x."""
+    """A PNG of two panels, one bar group per row: ferry's speed over torch's on a log axis (so
+    that 0.97x and 1.5x do not look alike; a line marks 1x), then both loaders' batches/s, also
+    on a log axis. Failed rows are red and have no bar."""
     plt = require_matplotlib()
+    from matplotlib.ticker import FuncFormatter
+
     labels = [f"{row.workload}\n{workers_label(row)}" for row in rows]
-    ratios = [row.ratio or 0.0 for row in rows]
-    figure, axes = plt.subplots(figsize=(max(6.0, 0.8 * len(rows)), 4.5))
-    colors = ["tab:red" if row.error else "tab:blue" for row in rows]
-    bars = axes.bar(range(len(rows)), ratios, color=colors)
-    for bar, row, ratio in zip(bars, rows, ratios, strict=True):
-        text = "error" if row.ratio is None else f"{ratio:.3g}x"
-        axes.annotate(text, (bar.get_x() + bar.get_width() / 2, ratio), ha="center", va="bottom")
-    axes.axhline(1.0, color="gray", linewidth=1, linestyle="--")
-    axes.set_xticks(range(len(rows)), labels, fontsize=8)
-    axes.set_ylabel("ferry / torch batches per second")
-    axes.set_title("ferry vs torch.utils.data (higher is better)")
-    figure.tight_layout()
+    where = list(range(len(rows)))
+    figure, (top, bottom) = plt.subplots(
+        2, 1, figsize=(max(7.0, 0.85 * len(rows)), 8.0), sharex=True
+    )
+    ratios = [row.ratio for row in rows]
+    shown = [r for r in ratios if r]
+    colors = ["tab:orange" if row.worker_type == "thread" else "tab:blue" for row in rows]
+    # Bars grow from 1x, up for faster and down for slower than torch.
+    bars = top.bar(where, [(r or 1.0) - 1.0 for r in ratios], color=colors, bottom=1.0)
+    for bar, ratio in zip(bars, ratios, strict=True):
+        x = bar.get_x() + bar.get_width() / 2
+        if ratio is None:
+            top.annotate("error", (x, 1.0), ha="center", va="bottom", color="tab:red")
+        else:
+            top.annotate(
+                f"{ratio:.2f}x",
+                (x, ratio),
+                ha="center",
+                va="bottom" if ratio >= 1 else "top",
+                fontsize=8,
+            )
+    top.set_yscale("log")
+    low, high = min([*shown, 1.0]), max([*shown, 1.0])
+    top.set_ylim(low / 1.5, high * 1.6)
+    top.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}x"))
+    top.axhline(1.0, color="gray", linewidth=1, linestyle="--")
+    top.set_ylabel("ferry / torch batches/s (log)")
+    top.set_title("ferry vs torch.utils.data (higher is better)")
+    width = 0.4
+    torch_rates = [row.torch.batches_per_s if row.torch else 0.0 for row in rows]
+    ferry_rates = [row.ferry.batches_per_s if row.ferry else 0.0 for row in rows]
+    bottom.bar([x - width / 2 for x in where], torch_rates, width, label="torch", color="gray")
+    bottom.bar([x + width / 2 for x in where], ferry_rates, width, label="ferry", color=colors)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("batches/s (log)")
+    bottom.legend(loc="upper right", fontsize=8)
+    bottom.set_xticks(where, labels, fontsize=8)
+    figure.text(
+        0.01,
+        0.005,
+        "orange: ferry's thread workers, compared with torch's process workers (torch has no\n"
+        "threads); blue: ferry's process workers, or no workers. Both axes are logarithmic.",
+        fontsize=8,
+    )
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
     figure.savefig(path, dpi=120)
     plt.close(figure)

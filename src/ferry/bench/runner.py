@@ -61,6 +61,7 @@ class Config:
         timeout_s: a run taking longer fails its row (0: no limit).
         candidate: ``"ferry"``, or ``"torch"`` to benchmark torch against itself (A/A check).
         seed: seeds the loaders' generators, so both sides see the same order.
+        io: the I/O-latency workloads at their full size (``--io``), not their short one.
     """
 
     workloads: tuple[str, ...] = tuple(WORKLOADS)
@@ -72,10 +73,15 @@ class Config:
     timeout_s: float = 300.0
     candidate: str = "ferry"
     seed: int = 0
+    io: bool = False
 
     def batches(self, workload: Workload) -> int:
         """Batches per run of ``workload``."""
-        return workload.quick_batches if self.quick else workload.batches
+        if self.quick:
+            return workload.quick_batches
+        if workload.short_batches is not None and not self.io:
+            return workload.short_batches
+        return workload.batches
 
     def warmup_batches(self, workload: Workload) -> int:
         """Batches per warm-up run: a whole run, or a quarter of one under ``--quick``."""

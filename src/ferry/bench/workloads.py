@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 import io
+import math
+import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ __all__ = [
     "WORKLOADS",
     "DictSamples",
     "ImagePool",
+    "JpegCrops",
     "JpegFiles",
     "LoaderAPI",
     "SlowReads",
@@ -118,6 +121,50 @@ class JpegFiles:
         with Image.open(io.BytesIO(self.files[index % len(self.files)])) as image:
             resized = image.convert("RGB").resize(_IMAGE_SHAPE[1:], Image.Resampling.BILINEAR)
         return torch.from_numpy(np.array(resized)).permute(2, 0, 1)
+
+
+class JpegCrops:
+    """Map-style: sample ``i`` is a photo-sized JPEG decoded by Pillow, then a random crop of
+    8-100% of its area (aspect 3/4 to 4/3) resized to 224x224, flipped half the time: uint8 CHW.
+
+    Models the most common training input: the ImageNet-style augmentation pipeline, CPU-bound
+    in Pillow. The crop and flip of sample ``i`` are drawn from ``random.Random(i)``, so every
+    loader (and the roof of the scaling mode) does the very same work for the same index.
+    """
+
+    def __init__(self, files: list[bytes], length: int) -> None:
+        self.files = files
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import numpy as np
+        from PIL import Image
+
+        draw = random.Random(index)
+        with Image.open(io.BytesIO(self.files[index % len(self.files)])) as image:
+            rgb = image.convert("RGB")
+        box = _crop_box(rgb.width, rgb.height, draw)
+        out = rgb.resize(_IMAGE_SHAPE[1:], Image.Resampling.BILINEAR, box=box)
+        if draw.random() < 0.5:
+            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1)
+
+
+def _crop_box(width: int, height: int, draw: random.Random) -> tuple[int, int, int, int]:
+    """A random box of 8-100% of the area with aspect ratio 3/4 to 4/3 (the whole image when
+    ten draws do not fit), as ``(left, top, right, bottom)``."""
+    area = width * height
+    for _ in range(10):
+        target = area * draw.uniform(0.08, 1.0)
+        aspect = math.exp(draw.uniform(math.log(3 / 4), math.log(4 / 3)))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            left, top = draw.randint(0, width - w), draw.randint(0, height - h)
+            return left, top, left + w, top + h
+    return 0, 0, width, height
 
 
 class SlowReads:
@@ -216,6 +263,8 @@ class Workload:
             sets the measured rate beside what the loader's concurrency allows at it.
         keys: ``batch -> sample indices``; when given, every run checks that each index
             arrives exactly once (and, over a whole epoch, that every index arrives).
+        short_batches: batches per run in the default run when fewer than ``batches``; the
+            full count runs with ``--io`` (the I/O-latency rows: seconds of waiting a run).
     """
 
     name: str
@@ -229,6 +278,7 @@ class Workload:
     quick_batch_size: int | None = None
     latency_s: float | None = None
     keys: Callable[[Any], list[int]] | None = None
+    short_batches: int | None = None
 
     def dataset(self, data: Any, samples: int, api: LoaderAPI) -> Any:
         """The dataset of ``samples`` samples over ``data``, built from ``api``'s classes."""
@@ -287,12 +337,42 @@ def _prepare_jpegs(samples: int, quick: bool) -> list[bytes]:
     return files
 
 
+def _prepare_photos(samples: int, quick: bool) -> list[bytes]:
+    """Photo-sized JPEGs (about 500x375, the ImageNet average, sizes varying by a quarter):
+    smooth gradients and blobs under fine noise, quality 90; 48 distinct files (8 quick)."""
+    rng = _rng()
+    import numpy as np
+
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError(
+            "the jpeg workload needs Pillow: pip install pillow (ferry-data's extra 'bench' has it)"
+        ) from None
+    files = []
+    for _ in range(8 if quick else 48):
+        width, height = int(rng.integers(400, 625)), int(rng.integers(300, 470))
+        rows, cols = np.mgrid[0:height, 0:width].astype(np.float32)
+        planes = []
+        for _ in range(3):  # one pattern per channel
+            fx, fy = rng.uniform(0.005, 0.04, 2).tolist()
+            phase = float(rng.uniform(0, 6.3))
+            wave = np.sin(cols * fx + phase) * np.cos(rows * fy - phase)
+            planes.append(128 + 80 * wave + rng.normal(0, 12, (height, width)))
+        pixels = np.clip(np.stack(planes, axis=-1), 0, 255).astype(np.uint8)
+        encoded = io.BytesIO()
+        Image.fromarray(pixels).save(encoded, "JPEG", quality=90)
+        files.append(encoded.getvalue())
+    return files
+
+
 def _prepare_nothing(samples: int, quick: bool) -> None:
     return None
 
 
 def _io_workload(latency_ms: int) -> Workload:
-    """``io<L>``: :class:`SlowReads` at L ms, batch 32, 1,024 samples (quick: 2 batches of 4)."""
+    """``io<L>``: :class:`SlowReads` at L ms, batch 32, 1,024 samples with ``--io`` and 256
+    without (quick: 2 batches of 4)."""
     latency_s = latency_ms / 1000
     return Workload(
         name=f"io{latency_ms}",
@@ -306,6 +386,7 @@ def _io_workload(latency_ms: int) -> Workload:
         quick_batch_size=4,
         latency_s=latency_s,
         keys=sample_indices,
+        short_batches=8,
     )
 
 
@@ -316,7 +397,7 @@ WORKLOADS: dict[str, Workload] = {
             name="tensor",
             summary="TensorDataset(float32[N,32], int64[N]), shuffled",
             batch_size=256,
-            batches=1000,
+            batches=500,
             quick_batches=200,
             shuffle=True,
             prepare=_prepare_tensor,
@@ -326,7 +407,7 @@ WORKLOADS: dict[str, Workload] = {
             name="image",
             summary="uint8 3x224x224 numpy images from a preallocated pool",
             batch_size=64,
-            batches=300,
+            batches=200,
             quick_batches=24,
             shuffle=True,
             prepare=_prepare_images,
@@ -336,7 +417,7 @@ WORKLOADS: dict[str, Workload] = {
             name="dict",
             summary='{"x": float32[32], "label": int, "name": str} samples',
             batch_size=128,
-            batches=600,
+            batches=400,
             quick_batches=100,
             shuffle=True,
             prepare=_prepare_features,
@@ -346,7 +427,7 @@ WORKLOADS: dict[str, Workload] = {
             name="jpeg",
             summary="JPEG bytes decoded and resized to 224x224 by Pillow, uint8 CHW",
             batch_size=32,
-            batches=60,
+            batches=30,
             quick_batches=8,
             shuffle=True,
             prepare=_prepare_jpegs,
@@ -356,7 +437,7 @@ WORKLOADS: dict[str, Workload] = {
             name="stream",
             summary="IterableDataset of float32[256] arrays, split across workers",
             batch_size=256,
-            batches=1000,
+            batches=500,
             quick_batches=160,
             shuffle=False,
             prepare=_prepare_stream,

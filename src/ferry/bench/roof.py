@@ -1,0 +1,187 @@
+"""The roof of a scaling row: the dataset's own work done by plain processes, with no loader.
+
+For a row of N workers, N processes each take an equal share of the epoch's index batches and
+run exactly what a loader's worker must run for them, ``collate([dataset[i] for i in batch])``,
+nothing else: no queue, no hand-off to another process, no pinning. Each times its own share
+after one untimed warm-up batch and after all N are ready (a barrier), so they run side by
+side as workers do; their rates, summed, are the most this machine can make of that workload
+with N processes. A loader is then reported as a share of it.
+
+The collate stacks samples that are tensors of one shape and dtype into a batch tensor kept
+from the previous batch (``torch.stack(..., out=...)``): the same copy a collate makes, without
+a fresh allocation whose pages fault in every batch, which a loader that reuses its batch
+memory does not pay either, so that the roof stays above what a loader can do. Other samples
+go through ``torch.utils.data.default_collate`` (imported where it runs, as the benchmark alone
+may). The processes are forked where the platform can (the dataset is inherited, not pickled),
+and set ``torch.set_num_threads(1)`` as a loader's workers do.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import statistics
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["RoofResult", "StackInto", "measure_roof", "roof_of", "shares"]
+
+_EXIT_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class RoofResult:
+    """The roof of one row: samples/s summed over the processes, and each one's rate."""
+
+    samples_per_s: float
+    per_process: tuple[float, ...]
+    samples: int  # samples each pass covered, over all processes
+
+
+def shares(batches: Sequence[Sequence[int]], parts: int) -> list[list[list[int]]]:
+    """``batches`` cut into ``parts`` contiguous shares whose sizes differ by one at most."""
+    if parts < 1:
+        raise ValueError(f"need at least one share, got {parts}")
+    size, extra = divmod(len(batches), parts)
+    out, start = [], 0
+    for part in range(parts):
+        stop = start + size + (1 if part < extra else 0)
+        out.append([list(batch) for batch in batches[start:stop]])
+        start = stop
+    return out
+
+
+def roof_of(rates: Sequence[Sequence[float]]) -> float:
+    """The roof from each process's rates over its passes (samples/s): the sum over processes
+    of each one's median pass."""
+    if not rates or any(not passes for passes in rates):
+        raise ValueError("every process needs at least one timed pass")
+    return float(sum(statistics.median(passes) for passes in rates))
+
+
+class StackInto:
+    """The roof's collate (see the module docstring): a callable ``samples -> batch``."""
+
+    def __init__(self) -> None:
+        self._kept: torch.Tensor | None = None
+
+    def __call__(self, samples: list[Any]) -> Any:
+        first = samples[0] if samples else None
+        same = isinstance(first, torch.Tensor) and all(
+            isinstance(s, torch.Tensor) and s.shape == first.shape and s.dtype == first.dtype
+            for s in samples
+        )
+        if not same or not isinstance(first, torch.Tensor):
+            from torch.utils.data import default_collate
+
+            return default_collate(samples)
+        shape = (len(samples), *first.shape)
+        if self._kept is None or self._kept.shape != shape or self._kept.dtype != first.dtype:
+            self._kept = torch.empty(shape, dtype=first.dtype)
+        return torch.stack(samples, out=self._kept)
+
+
+@dataclass(frozen=True)
+class _Share:
+    """What one roof process runs: its rank, the dataset, its batches, how often, the collate."""
+
+    rank: int
+    dataset: Any
+    batches: list[list[int]]
+    passes: int
+    collate: Callable[[list[Any]], Any]
+
+
+def _share_worker(share: _Share, ready: Any, results: Any) -> None:
+    """One roof process: warm up on one batch, wait for the others, time ``passes`` passes."""
+    dataset, collate = share.dataset, share.collate
+    try:
+        torch.set_num_threads(1)
+        if share.batches:
+            collate([dataset[i] for i in share.batches[0]])
+        ready.wait()
+        samples = sum(len(batch) for batch in share.batches)
+        rates = []
+        for _ in range(share.passes):
+            start = time.perf_counter()
+            for batch in share.batches:
+                collate([dataset[i] for i in batch])
+            rates.append(samples / max(time.perf_counter() - start, 1e-9))
+        results.put((share.rank, rates, None))
+    except BaseException as exc:  # reported to the parent, which fails the roof
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        results.put((share.rank, [], text))
+        ready.abort()  # the others, and the parent, stop waiting at the barrier
+
+
+def measure_roof(
+    dataset: Any,
+    batches: Sequence[Sequence[int]],
+    processes: int,
+    *,
+    passes: int = 2,
+    timeout_s: float = 300.0,
+    collate: Callable[[list[Any]], Any] | None = None,
+) -> RoofResult:
+    """Run ``batches`` of ``dataset`` in ``processes`` plain processes and return their summed
+    rate (see the module docstring). Raises ``RuntimeError`` when a process fails or the
+    whole takes longer than ``timeout_s`` (0: no limit)."""
+    methods = multiprocessing.get_all_start_methods()
+    context: Any = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    ready = context.Barrier(processes + 1)
+    results = context.Queue()
+    work = shares(batches, processes)
+    run_collate = collate or StackInto()
+    started = [
+        context.Process(
+            target=_share_worker,
+            args=(_Share(rank, dataset, work[rank], passes, run_collate), ready, results),
+            name=f"ferry-bench-roof-{rank}",
+            daemon=True,
+        )
+        for rank in range(processes)
+    ]
+    limit = timeout_s if timeout_s > 0 else None
+    end = None if limit is None else time.monotonic() + limit
+    try:
+        for process in started:
+            process.start()
+        try:
+            ready.wait(limit)
+        except threading.BrokenBarrierError:
+            try:
+                error = results.get(timeout=_EXIT_GRACE_S)[2]
+            except queue.Empty:
+                error = None
+            raise RuntimeError(
+                f"a roof process failed: {error}" if error else "the roof did not start in time"
+            ) from None
+        rates: dict[int, list[float]] = {}
+        while len(rates) < processes:
+            left = None if end is None else max(end - time.monotonic(), 0.0)
+            try:
+                rank, got, error = results.get(timeout=left)
+            except queue.Empty:
+                raise RuntimeError(f"the roof took longer than {timeout_s:g} s") from None
+            if error is not None:
+                raise RuntimeError(f"a roof process failed: {error}")
+            rates[rank] = got
+    finally:
+        for process in started:
+            process.join(_EXIT_GRACE_S if process.is_alive() else 0)
+            if process.is_alive():
+                process.terminate()
+                process.join(_EXIT_GRACE_S)
+        results.close()
+    per_process = [rates[rank] for rank in range(processes)]
+    return RoofResult(
+        samples_per_s=roof_of(per_process),
+        per_process=tuple(statistics.median(r) for r in per_process),
+        samples=sum(len(batch) for batch in batches),
+    )

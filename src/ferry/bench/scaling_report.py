@@ -1,0 +1,137 @@
+"""How the scaling mode's results are shown: a text table, a markdown file and a JSON document.
+
+Each loader's rate (samples/s, median of its measured epochs) stands beside the roof of its row
+as a percentage, and ferry's beside torch's as a ratio. The markdown and JSON are written after
+every row (see ``ferry.bench.cli``), so a run cut short leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from ferry.bench.results import column_renderer
+from ferry.bench.scaling import SCALING_WORKLOADS, ScalingRow
+
+__all__ = ["LEGEND", "format_scaling", "scaling_cells", "scaling_json", "scaling_markdown"]
+
+LEGEND = """\
+samples/s: from iter(loader) to the last batch, whole epochs after a warm-up epoch (persistent
+workers, shuffled), median of the measured epochs; the sides alternate epoch by epoch.
+roof: the same __getitem__ and collate on the same indices in N plain processes, no loader,
+their rates summed: the most this machine makes of the workload with N processes.
+% roof: the loader's rate over the roof. x torch: ferry's rate over torch's (thread workers
+are compared with torch's process workers: torch has no threads)."""
+
+TITLES = (
+    "workload",
+    "workers",
+    "roof/s",
+    "torch/s",
+    "torch %roof",
+    "ferry/s",
+    "ferry %roof",
+    "ferry x torch",
+    "threads/s",
+    "threads %roof",
+    "threads x torch",
+)
+_ALIGN = ("<", "<") + (">",) * (len(TITLES) - 2)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def scaling_cells(row: ScalingRow) -> list[str]:
+    """The cells of ``row`` in the order of :data:`TITLES`."""
+    cells = [row.workload, str(row.workers), _rate(row.roof)]
+    for label in ("torch", "ferry", "ferry threads"):
+        side = row.side(label)
+        cells.append(_rate(side.samples_per_s if side else None))
+        cells.append(_share(row.share_of_roof(label)))
+        if label != "torch":
+            cells.append(_ratio(row.over_torch(label)))
+    return cells
+
+
+def _notes(row: ScalingRow) -> list[str]:
+    notes = []
+    if row.skipped:
+        notes.append(f"not run: {row.skipped}")
+    if row.error:
+        notes.append(f"failed: {row.error}")
+    if row.roof_error:
+        notes.append(f"roof: {row.roof_error}")
+    notes.extend(f"{side.label}: {side.error}" for side in row.sides if side.error)
+    return notes
+
+
+def _sorted(rows: Sequence[ScalingRow]) -> list[ScalingRow]:
+    order = {name: i for i, name in enumerate(SCALING_WORKLOADS)}
+    return sorted(rows, key=lambda row: (order.get(row.workload, len(order)), row.workers))
+
+
+def format_scaling(rows: Sequence[ScalingRow], legend: bool = True) -> str:
+    """The rows as a fixed-width text table, by workload then worker count; a row's failures
+    follow it, one a line."""
+    ordered = _sorted(rows)
+    cells = [scaling_cells(row) for row in ordered]
+    render = column_renderer(tuple(zip(TITLES, _ALIGN, strict=True)), cells)
+    lines = [render(TITLES)]
+    lines.append("-" * len(lines[0]))
+    for row, line in zip(ordered, cells, strict=True):
+        lines.append(render(line))
+        lines.extend(f"    {note}" for note in _notes(row))
+    if legend:
+        lines.extend(["", LEGEND])
+    return "\n".join(lines)
+
+
+def scaling_markdown(rows: Sequence[ScalingRow], meta: dict[str, Any]) -> str:
+    """A markdown page: where and how it ran, the table, the failures, the legend."""
+    feed = "GPU feed" if rows and rows[0].feed == "gpu" else "CPU feed"
+    out = [
+        f"# ferry bench --scaling ({feed})",
+        "",
+        *(f"- **{key}:** {value}" for key, value in meta.items() if not isinstance(value, dict)),
+        "",
+        "| " + " | ".join(TITLES) + " |",
+        "| " + " | ".join("---" if a == "<" else "---:" for a in _ALIGN) + " |",
+    ]
+    notes: list[str] = []
+    for row in _sorted(rows):
+        out.append("| " + " | ".join(scaling_cells(row)) + " |")
+        notes.extend(f"- {row.workload} at {row.workers}: {note}" for note in _notes(row))
+    if notes:
+        out.extend(["", *notes])
+    workloads = {row.workload for row in rows}
+    out.append("")
+    out.extend(
+        f"- `{w.name}`: {w.summary}" for w in SCALING_WORKLOADS.values() if w.name in workloads
+    )
+    out.extend(["", LEGEND, ""])
+    return "\n".join(out)
+
+
+def scaling_json(rows: Sequence[ScalingRow], meta: dict[str, Any]) -> dict[str, Any]:
+    """``{"meta": ..., "scaling": [one record per row]}``: the row's fields, each side's epochs
+    and median, its share of the roof and its ratio to torch."""
+    records = []
+    for row in rows:
+        record = dataclasses.asdict(row)
+        for side, entry in zip(row.sides, record["sides"], strict=True):
+            entry["samples_per_s"] = side.samples_per_s
+            entry["share_of_roof"] = row.share_of_roof(side.label)
+            entry["over_torch"] = row.over_torch(side.label)
+        records.append(record)
+    return {"meta": meta, "scaling": records}

@@ -1,0 +1,273 @@
+"""Tests of ``python -m ferry bench --scaling``: its options, the roof, the report, one tiny run.
+
+No speed is asserted: the roof is run on a fake workload to check that it sums what its
+processes measured, and the real run only checks that every side is measured and reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ferry.__main__ import main
+from ferry.bench import cli, scaling_cli
+from ferry.bench.roof import StackInto, measure_roof, roof_of, shares
+from ferry.bench.scaling import (
+    SCALING_WORKLOADS,
+    ScalingConfig,
+    ScalingRow,
+    SideResult,
+    default_worker_counts,
+    epoch_batches,
+    run_scaling,
+)
+from ferry.bench.scaling_report import (
+    TITLES,
+    format_scaling,
+    scaling_cells,
+    scaling_json,
+    scaling_markdown,
+)
+from ferry.bench.workloads import JpegCrops, _crop_box
+
+pytestmark = pytest.mark.usefixtures("guard_global_state")
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    return parser.parse_args(list(argv))
+
+
+class _Squares:
+    """A fake workload: sample ``i`` is a float tensor holding ``i``; ``bad`` fails."""
+
+    def __init__(self, length: int, bad: int | None = None) -> None:
+        self.length, self.bad = length, bad
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.bad:
+            raise ValueError(f"sample {index} is broken")
+        return torch.full((4,), float(index))
+
+
+def _row(**sides: float | None) -> ScalingRow:
+    results = tuple(
+        SideResult(label.replace("_", " "), () if rate is None else (rate,), None)
+        for label, rate in sides.items()
+    )
+    return ScalingRow("jpeg", 2, 128, 8, "cpu", 1000.0, (500.0, 500.0), None, results)
+
+
+# --- options -------------------------------------------------------------------------------
+
+
+def test_default_worker_counts_double_up_to_the_cpu_count() -> None:
+    assert default_worker_counts(1) == (1,)
+    assert default_worker_counts(2) == (1, 2)
+    assert default_worker_counts(6) == (1, 2, 4, 6)
+    assert default_worker_counts(16) == (1, 2, 4, 8, 16)
+
+
+def test_an_epoch_gives_every_worker_the_same_number_of_batches() -> None:
+    jpeg, uint8 = SCALING_WORKLOADS["jpeg"], SCALING_WORKLOADS["uint8"]
+    assert (jpeg.batch_size, uint8.batch_size) == (128, 256)
+    assert [epoch_batches(jpeg, n) for n in (1, 2, 8, 15)] == [4, 8, 32, 60]
+    assert [epoch_batches(uint8, n) for n in (1, 2, 5, 15)] == [12, 12, 30, 90]
+    for n in range(1, 17):
+        assert epoch_batches(uint8, n) % n == 0
+
+
+def test_scaling_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = ["--scaling", "--workers-list", "8,15,1", "--only", "jpeg", "--reps", "2"]
+    argv += ["--no-threads", "--budget", "300", "--timeout", "60"]
+    config = scaling_cli.scaling_config(_args(*argv))
+    assert config == ScalingConfig(
+        workloads=("jpeg",), workers=(8, 15, 1), reps=2, feed="cpu", threads=False,
+        timeout_s=60.0, budget_s=300.0,
+    )  # fmt: skip
+    defaults = scaling_cli.scaling_config(_args("--scaling"), cpus=16)
+    assert (defaults.workloads, defaults.workers) == (("jpeg", "uint8"), (1, 2, 4, 8, 16))
+    assert (defaults.reps, defaults.feed, defaults.threads) == (3, "cpu", True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert scaling_cli.scaling_config(_args("--scaling")).feed == "gpu"  # auto
+    assert scaling_cli.scaling_config(_args("--scaling", "--feed", "cpu")).feed == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--scaling", "--workers-list", "0,2"], "expected worker counts >= 1"),
+        (["--scaling", "--workers", "2"], "--workers cannot go with --scaling"),
+        (["--scaling", "--plot", "x.png"], "--plot cannot go with --scaling"),
+        (["--scaling", "--only", "tensor"], "--scaling runs jpeg, uint8, not 'tensor'"),
+        (["--scaling", "--feed", "gpu"], "--feed gpu needs CUDA"),
+        (["--markdown", "out.md"], "--markdown go(es) with --scaling"),
+        (["--workers-list", "2"], "--workers-list go(es) with --scaling"),
+        (["--only", "uint8"], "workload 'uint8' runs with --scaling only"),
+    ],
+)
+def test_bad_scaling_arguments_exit_2(
+    argv: list[str],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(scaling_cli, "run_scaling", lambda *a, **k: pytest.fail("ran"))
+    monkeypatch.setattr(cli, "run_suite", lambda *a: pytest.fail("ran"))
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+# --- the roof ------------------------------------------------------------------------------
+
+
+def test_shares_are_contiguous_and_even() -> None:
+    batches = [[i] for i in range(7)]
+    assert shares(batches, 3) == [[[0], [1], [2]], [[3], [4]], [[5], [6]]]
+    assert shares(batches, 1) == [batches]
+    with pytest.raises(ValueError, match="at least one share"):
+        shares(batches, 0)
+
+
+def test_the_roof_sums_each_process_median() -> None:
+    assert roof_of([[100.0, 300.0, 200.0], [50.0]]) == 250.0
+    with pytest.raises(ValueError, match="at least one timed pass"):
+        roof_of([[1.0], []])
+
+
+def test_stack_into_reuses_its_batch_and_collates_the_rest_as_default_collate() -> None:
+    collate = StackInto()
+    first = collate([torch.ones(3), torch.zeros(3)])
+    assert first.tolist() == [[1.0] * 3, [0.0] * 3]
+    second = collate([torch.full((3,), 2.0), torch.full((3,), 3.0)])
+    assert second.data_ptr() == first.data_ptr()  # no fresh batch memory
+    assert collate([torch.ones(2)]).shape == (1, 2)
+    mixed = collate([{"x": torch.ones(2), "y": 1}, {"x": torch.zeros(2), "y": 2}])
+    assert mixed["y"].tolist() == [1, 2]
+
+
+@pytest.mark.timeout(60)
+def test_the_roof_runs_every_share_in_its_own_process() -> None:
+    batches = [[i, i + 1] for i in range(0, 16, 2)]
+    result = measure_roof(_Squares(16), batches, 2, passes=2, timeout_s=30)
+    assert len(result.per_process) == 2
+    assert all(rate > 0 for rate in result.per_process)
+    assert result.samples_per_s == pytest.approx(sum(result.per_process))
+    assert result.samples == 16
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_roof_process_fails_the_roof_quickly() -> None:
+    batches = [[0, 1], [2, 3]]
+    with pytest.raises(RuntimeError, match="sample 2 is broken"):
+        measure_roof(_Squares(4, bad=2), batches, 2, passes=1, timeout_s=30)
+
+
+# --- the jpeg dataset ------------------------------------------------------------------------
+
+
+def test_crop_boxes_fit_the_image_and_keep_an_aspect_of_3_4_to_4_3() -> None:
+    for seed in range(200):
+        left, top, right, bottom = _crop_box(500, 375, random.Random(seed))
+        assert 0 <= left < right <= 500
+        assert 0 <= top < bottom <= 375
+        assert 3 / 4 - 0.02 <= (right - left) / (bottom - top) <= 4 / 3 + 0.02
+    assert _crop_box(1, 1, random.Random(0)) == (0, 0, 1, 1)
+
+
+def test_jpeg_crops_are_224_uint8_and_the_same_for_the_same_index() -> None:
+    workload = SCALING_WORKLOADS["jpeg"]
+    dataset = workload.build(workload.prepare(4, True), 4)
+    assert isinstance(dataset, JpegCrops)
+    sample = dataset[1]
+    assert (sample.shape, sample.dtype) == ((3, 224, 224), torch.uint8)
+    assert torch.equal(dataset[1], sample)
+    assert not torch.equal(dataset[2], sample)
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def test_each_loader_is_a_share_of_the_roof_and_ferry_a_ratio_to_torch() -> None:
+    row = _row(torch=800.0, ferry=900.0, ferry_threads=None)
+    assert row.share_of_roof("torch") == pytest.approx(0.8)
+    assert row.over_torch("ferry") == pytest.approx(1.125)
+    assert row.share_of_roof("ferry threads") is None
+    cells = dict(zip(TITLES, scaling_cells(row), strict=True))
+    assert cells["roof/s"] == "1,000"
+    assert (cells["torch/s"], cells["torch %roof"]) == ("800", "80%")
+    assert (cells["ferry %roof"], cells["ferry x torch"]) == ("90%", "1.12x")
+    assert (cells["threads/s"], cells["threads %roof"], cells["threads x torch"]) == ("-",) * 3
+
+
+def test_table_markdown_and_json_carry_the_rows_and_their_failures() -> None:
+    broken = ScalingRow(
+        "uint8", 1, 256, 12, "cpu", None, (), "RuntimeError: too slow",
+        (SideResult("torch", (10.0,)), SideResult("ferry", (), "epoch 0: RunTimeout: slow")),
+    )  # fmt: skip
+    skipped = ScalingRow("uint8", 2, 256, 12, "cpu", None, skipped="budget spent")
+    rows = [broken, skipped, _row(torch=800.0, ferry=900.0)]
+    table = format_scaling(rows)
+    lines = table.splitlines()
+    assert lines[2].split()[:3] == ["jpeg", "2", "1,000"]  # by workload, then workers
+    assert "roof: RuntimeError: too slow" in table
+    assert "ferry: epoch 0: RunTimeout: slow" in table
+    assert "not run: budget spent" in table
+    page = scaling_markdown(rows, {"date": "today"})
+    assert "| jpeg | 2 | 1,000 | 800 | 80% | 900 | 90% | 1.12x |" in page
+    assert "- uint8 at 2: not run: budget spent" in page
+    assert "- **date:** today" in page
+    document = json.loads(json.dumps(scaling_json(rows, {"date": "today"})))
+    ferry = document["scaling"][2]["sides"][1]
+    assert (ferry["label"], ferry["share_of_roof"]) == ("ferry", pytest.approx(0.9))
+    assert document["scaling"][1]["skipped"] == "budget spent"
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+def test_a_spent_budget_leaves_every_row_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ferry.bench.scaling._run_row", lambda *a: pytest.fail("ran"))
+    seen: list[int] = []
+    config = ScalingConfig(workers=(2, 1), budget_s=0.0, quick=True)
+    rows = run_scaling(config, lambda line: None, on_row=lambda rows: seen.append(len(rows)))
+    assert [(r.workers, r.workload, r.skipped) for r in rows] == [
+        (2, "jpeg", "budget spent"),
+        (2, "uint8", "budget spent"),
+        (1, "jpeg", "budget spent"),
+        (1, "uint8", "budget spent"),
+    ]
+    assert seen == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_tiny_scaling_run_measures_every_side_and_writes_as_it_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out, page = tmp_path / "scaling.json", tmp_path / "scaling.md"
+    argv = ["bench", "--scaling", "--quick", "--workers-list", "1", "--timeout", "60"]
+    assert main([*argv, "--json", str(out), "--markdown", str(page)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0].split()[:3] == ["workload", "workers", "roof/s"]
+    records: list[dict[str, Any]] = json.loads(out.read_text())["scaling"]
+    assert [(r["workload"], r["workers"]) for r in records] == [("jpeg", 1), ("uint8", 1)]
+    for record in records:
+        assert record["roof"] > 0
+        assert [s["label"] for s in record["sides"]] == ["torch", "ferry", "ferry threads"]
+        assert all(s["error"] is None and len(s["epochs"]) == 1 for s in record["sides"])
+    assert "| uint8 | 1 |" in page.read_text()
+    assert json.loads(out.read_text())["meta"]["feed"] == "cpu"
