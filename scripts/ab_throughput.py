@@ -1,9 +1,10 @@
 """A/B the steady-state throughput of two ferry source trees, alternating runs.
 
 Used to check that a change costs nothing measurable on the per-batch path (for example the
-resume state tracking): inline, 2 process workers, 2 thread workers. Each round runs one fresh
-interpreter per tree and engine, in turn, so drift of the machine hits both alike; the median
-over rounds is printed.
+resume state tracking): inline, 2 process workers, 2 thread workers, and 2 persistent process
+workers (one loader, its epochs after the first: where issue 33's regression hid). Each round
+runs one fresh interpreter per tree and engine, in turn, so drift of the machine hits both
+alike; the median over rounds is printed.
 
     git worktree add /tmp/base <commit>
     .venv/bin/python scripts/ab_throughput.py /tmp/base/src src --rounds 5
@@ -20,12 +21,15 @@ import sys
 
 _RUN = """
 import statistics, sys, time, torch, ferry
-workers, kind = int(sys.argv[1]), sys.argv[2]
+workers, kind, persistent = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
 ds = ferry.TensorDataset(torch.randn(256 * 2000, 32), torch.randint(0, 10, (256 * 2000,)))
 rates = []
+loader = None
 for rep in range(4):
-    loader = ferry.DataLoader(ds, batch_size=256, shuffle=True, num_workers=workers,
-                              worker_type=kind, generator=torch.Generator().manual_seed(0))
+    if loader is None or not persistent:
+        loader = ferry.DataLoader(ds, batch_size=256, shuffle=True, num_workers=workers,
+                                  worker_type=kind, generator=torch.Generator().manual_seed(0),
+                                  persistent_workers=persistent)
     it = iter(loader)
     next(it)
     start, count = time.perf_counter(), 0
@@ -36,11 +40,10 @@ print(statistics.median(rates[1:]))
 """
 
 
-def rate(src: str, workers: int, kind: str) -> float:
+def rate(src: str, workers: int, kind: str, persistent: bool) -> float:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
-    out = subprocess.run(
-        [sys.executable, "-c", _RUN, str(workers), kind], env=env, check=True, capture_output=True
-    )
+    args = [sys.executable, "-c", _RUN, str(workers), kind, str(int(persistent))]
+    out = subprocess.run(args, env=env, check=True, capture_output=True)
     return float(out.stdout)
 
 
@@ -50,19 +53,27 @@ def main() -> None:
     parser.add_argument("candidate", help="src directory of the candidate tree")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
-        "--engines", default="inline,process,thread", help="comma-separated: which to run"
+        "--engines",
+        default="inline,process,thread,persistent",
+        help="comma-separated: which to run",
     )
     args = parser.parse_args()
-    engines = {"inline": (0, "process"), "process": (2, "process"), "thread": (2, "thread")}
-    for workers, kind in (engines[name] for name in args.engines.split(",")):
+    engines = {
+        "inline": (0, "process", False),
+        "process": (2, "process", False),
+        "thread": (2, "thread", False),
+        "persistent": (2, "process", True),
+    }
+    for workers, kind, persistent in (engines[name] for name in args.engines.split(",")):
         runs: dict[str, list[float]] = {"baseline": [], "candidate": []}
         for _ in range(args.rounds):
-            runs["baseline"].append(rate(args.baseline, workers, kind))
-            runs["candidate"].append(rate(args.candidate, workers, kind))
+            runs["baseline"].append(rate(args.baseline, workers, kind, persistent))
+            runs["candidate"].append(rate(args.candidate, workers, kind, persistent))
         base, cand = (statistics.median(runs[k]) for k in ("baseline", "candidate"))
         print(
             f"TensorDataset, batch 256, num_workers={workers}"
             + (f", worker_type={kind!r}" if workers else "")
+            + (", persistent_workers=True" if persistent else "")
             + f": baseline {base:,.0f} b/s, "
             f"candidate {cand:,.0f} b/s, candidate/baseline {cand / base:.3f} "
             f"(median of {args.rounds} alternating rounds)"

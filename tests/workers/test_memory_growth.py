@@ -94,9 +94,31 @@ def test_a_worker_measures_after_the_first_batch_then_at_most_four_times_a_secon
     assert sampler.after_batch() == -1  # not a quarter of a second yet
     now[0] += 0.1
     assert sampler.after_batch() == 100
+    now[0] += 0.2  # (past 100 times the last read's 2 ms)
     sampler.restart()  # a new epoch (persistent workers): its first batch is measured
     assert sampler.after_batch() == 100
     assert len(reads) == 3
+
+
+def test_a_new_epoch_does_not_buy_a_read_beyond_the_share() -> None:
+    """Persistent workers of short epochs: each epoch's first batch is measured only where
+    the last read was long enough ago for the 1% share (issue 33: 5-7 ms a read, 50 ms
+    epochs)."""
+    now = [0.0]
+
+    def read() -> int:
+        now[0] += 0.006  # 6 ms a read: at most one every 0.6 s
+        return 100
+
+    sampler = MemorySampler(read, lambda: now[0])
+    assert sampler.after_batch() == 100
+    for _ in range(10):  # 50 ms epochs
+        now[0] += 0.05
+        sampler.restart()
+        assert sampler.after_batch() == -1
+    now[0] += 0.1  # 0.606 s since the last read began
+    sampler.restart()
+    assert sampler.after_batch() == 100
 
 
 def test_a_slow_measure_is_taken_less_often() -> None:

@@ -278,3 +278,57 @@ def test_worker_side_one_batch_slabs_and_retirement(monkeypatch: pytest.MonkeyPa
         assert allocator.slabs == {}
     finally:
         allocator.close()
+
+
+# -- persistent workers --------------------------------------------------------------------------
+
+
+class _Stored:
+    """Map-style: views of four 1 MiB tensors made before the workers start (a sample
+    allocates nothing: the workers' page faults are the loader's)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.data = torch.arange(4 << 18, dtype=torch.float32).view(4, 1 << 18)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.data[index % 4]
+
+
+def _minor_faults(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[7])
+
+
+@pytest.mark.timeout(60)
+def test_persistent_workers_keep_their_slabs_from_epoch_to_epoch() -> None:
+    """A steady epoch of persistent workers makes, maps and retires no slab, and faults in no
+    batch's pages: the slabs of the epoch before are given back with Resume. (Issue 33: retired
+    at every epoch's end, they were made again each epoch, 2,350 faults per 9.6 MB slab in the
+    worker, and the epoch took 60-80% longer.) Counts, not seconds."""
+    loader = ferry.DataLoader(
+        _Stored(64), batch_size=4, num_workers=2, persistent_workers=True, **FORK
+    )
+    seen = Workers()
+    for _ in range(2):  # the first epoch makes the slabs, the second settles who holds which
+        for batch in loader:
+            assert batch.shape == (4, 1 << 18)
+    iterator = loader._iterator
+    pids = [w.pid for w in iterator._workers]
+    mapped = [set(w.slabs._maps) for w in iterator._workers]
+    files = seen.slabs(iterator)
+    assert all(files), files
+    for epoch in range(3):
+        faults = [_minor_faults(pid) for pid in pids]
+        for batch in loader:
+            assert batch.shape == (4, 1 << 18)
+        assert [w.pid for w in iterator._workers] == pids
+        assert [set(w.slabs._maps) for w in iterator._workers] == mapped, epoch
+        assert seen.slabs(iterator) == files, epoch
+        # A new 4 MiB slab is 1,024 faults in its worker alone; an epoch without one: a few.
+        grown = [_minor_faults(pid) - before for pid, before in zip(pids, faults, strict=True)]
+        assert max(grown) < 256, (epoch, grown)
+    del batch, iterator

@@ -184,9 +184,10 @@ class SlabMaps:
 
     # -- freed slabs: given back or retired ----------------------------------------------------
 
-    def take_freed(self) -> tuple[int, ...]:
-        """Freed slabs to give back to the worker with its next task or epoch; those it cannot
-        use are retired instead (:meth:`take_retired`)."""
+    def take_freed(self, epoch: bool = False) -> tuple[int, ...]:
+        """Freed slabs to give back to the worker with its next task, or as its next ``epoch``
+        begins (persistent workers); those it cannot use are retired instead
+        (:meth:`take_retired`)."""
         self.draining = False
         with self._lock:
             if not self._freed:
@@ -198,6 +199,11 @@ class SlabMaps:
         # The worker's own: neither lent nor freed here (idle, or under a task in progress).
         own = len(self._maps) - len(self._once) - lent - len(freed)
         room = max(0, max(self._peak, 1) * self._per_batch - own)
+        if epoch:
+            # Also the slabs of the batch the loop will hold while the worker makes its next
+            # ones (in an epoch, those are lent, outside the bound), unless it holds one of this
+            # worker's now: else each epoch a worker made and faulted a slab anew (issue 33).
+            room += max(0, self._per_batch - lent)
         given = usable[:room]
         self._retire([s for s in freed if s not in given])
         return tuple(given)
