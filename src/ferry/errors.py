@@ -31,9 +31,11 @@ from typing import Any
 
 __all__ = [
     "EpochReplayWarning",
+    "MalformedState",
     "SharedMemoryWarning",
     "SkippedSample",
     "StallWarning",
+    "StateMismatch",
     "TooManyErrors",
     "WorkerDied",
     "WorkerRestartWarning",
@@ -42,6 +44,25 @@ __all__ = [
     "add_note",
     "describe_key",
 ]
+
+
+class StateMismatch(ValueError):
+    """A well-formed loader state saved from a loader built otherwise: another dataset length,
+    sampler, batch size or option, or a number of workers it cannot be split over. Raised by
+    ``DataLoader.load_state_dict`` (or the next ``iter()``), naming what differs; a ValueError,
+    as torch's loaders raise for a state they cannot take.
+
+    Example::
+
+        >>> state = DataLoader(range(10), batch_size=2).state_dict()
+        >>> DataLoader(range(12), batch_size=2).load_state_dict(state)
+        Traceback (most recent call last):
+        ferry.errors.StateMismatch: DataLoader state does not fit this loader: ...
+    """
+
+
+class MalformedState(ValueError):
+    """A loader state that is not what ``state_dict()`` returned (damaged or edited)."""
 
 
 class WorkerTraceback(Exception):

@@ -29,6 +29,7 @@ import torch
 
 from ferry._core.rng import ProcessRng, generator_from_state, tensor_bytes
 from ferry._engine.keys import KeysCursor
+from ferry.errors import MalformedState, StateMismatch
 
 __all__ = [
     "FORMAT",
@@ -49,14 +50,6 @@ VERSION = 2
 
 # Fingerprints of torch's global generator kept in a state (one per epoch that drew from it).
 _FINGERPRINTS_KEPT = 64
-
-
-class StateMismatch(ValueError):
-    """A well-formed state that was saved from a loader built otherwise."""
-
-
-class MalformedState(ValueError):
-    """A state that is not what ``state_dict()`` returned (damaged or edited)."""
 
 
 def _int_or_none(value: Any) -> int | None:

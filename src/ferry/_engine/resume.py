@@ -29,6 +29,7 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
+from ferry._engine.counted import DatasetPosition, DatasetVerdict, judge_dataset
 from ferry._engine.cursor import (
     Cursor,
     LoaderIdentity,
@@ -39,6 +40,7 @@ from ferry._engine.cursor import (
 )
 from ferry._engine.failures import SkipBudget
 from ferry._engine.track import EpochTrack, between_epochs_cursor
+from ferry.errors import StateMismatch
 
 __all__ = ["Resumer", "fit_workers", "identity_of", "warn_replay"]
 
@@ -83,7 +85,8 @@ def warn_replay(cursor: Cursor, dataset: Any, iterable: bool) -> bool:
 
 
 def fit_workers(cursor: Cursor, num_workers: int, dataset: Any, iterable: bool) -> Cursor:
-    """``cursor`` made to fit a loader with ``num_workers``; ValueError when it cannot."""
+    """``cursor`` made to fit a loader with ``num_workers``; :class:`StateMismatch` (a
+    ValueError) when it cannot."""
     if cursor.num_workers == num_workers:
         return cursor
     fresh = replace(cursor, num_workers=num_workers, workers=(), turn=0)
@@ -95,7 +98,7 @@ def fit_workers(cursor: Cursor, num_workers: int, dataset: Any, iterable: bool) 
     )
     if not iterable:
         if any(w.snapshot.dataset is not None or w.since for w in cursor.workers):
-            raise ValueError(
+            raise StateMismatch(
                 f"DataLoader state does not fit this loader: {counts}, and "
                 f"{type(dataset).__name__} keeps a state of its own in each worker "
                 "(state_dict on the dataset), which cannot be split over another number of "
@@ -105,7 +108,7 @@ def fit_workers(cursor: Cursor, num_workers: int, dataset: Any, iterable: bool) 
     if not any(w.items or w.snapshot != Snapshot() for w in cursor.workers):
         return fresh
     if not getattr(dataset, "state_per_shard", False):
-        raise ValueError(
+        raise StateMismatch(
             f"DataLoader state does not fit this loader: {counts}. An iterable-style dataset's "
             "position is per worker (each reads its own share of the stream), so resume with "
             "the same num_workers, or give the dataset per-shard state (state_per_shard = "
@@ -117,7 +120,7 @@ def fit_workers(cursor: Cursor, num_workers: int, dataset: Any, iterable: bool) 
             continue  # it handed out nothing: its shards start from their beginning
         states = worker.snapshot.stream
         if worker.items != worker.snapshot.items or not isinstance(states, dict):
-            raise ValueError(
+            raise StateMismatch(
                 f"DataLoader state does not fit this loader: {counts}, and worker {worker_id}'s "
                 "stream state is not a per-shard dict taken after its last batch (a dataset "
                 "with state_per_shard = True needs snapshot_every_n_steps=1 and a "
@@ -153,6 +156,14 @@ class Resumer:
         # The type of what the loader's _get_iterator() returned last, when ferry did not make
         # it (an override returned another iterator): its position is unknown to ferry.
         self.foreign: type | None = None
+        # How the dataset's own state is taken (decided once: see _engine/counted.py).
+        self.verdict: DatasetVerdict | None = None
+
+    def judge(self, dataset: Any) -> DatasetVerdict:
+        """How ``dataset``'s own state is taken, decided when the loader first needs it."""
+        if self.verdict is None:
+            self.verdict = judge_dataset(dataset)
+        return self.verdict
 
     def __getstate__(self) -> dict[str, Any]:
         # A pickled loader carries a loaded state, not a live epoch.
@@ -185,13 +196,23 @@ class Resumer:
             cursor = track.save()
             if self.loaded is not None and cursor is self.loaded[0]:
                 return copy.deepcopy(self.loaded[1])
-        return LoaderState(identity_of(loader), cursor).to_plain()
+        plain = LoaderState(identity_of(loader), cursor).to_plain()
+        counted = self.judge(loader.dataset).counted
+        if counted is not None and cursor.started:
+            state = counted.save(loader.dataset, cursor, loader.batch_size)
+            plain["dataset_position"] = DatasetPosition(counted.library, state).to_plain()
+        return plain
 
     def load_state_dict(self, loader: Any, state_dict: dict[str, Any]) -> None:
         """``loader.load_state_dict()``: see :meth:`ferry.DataLoader.load_state_dict`."""
         cursor = LoaderState.cursor_from_plain(state_dict, identity_of(loader))
+        position = DatasetPosition.from_plain(state_dict.get("dataset_position"))
         iterable = loader._iterable_style
         cursor = fit_workers(cursor, loader.num_workers, loader.dataset, iterable)
+        if position is not None:
+            # (as the library's own loader does: given now, read by the next iteration)
+            counted = position.load(loader.dataset, self.judge(loader.dataset))
+            cursor = counted.settle(cursor)
         if not self.warned_replay:
             self.warned_replay = warn_replay(cursor, loader.dataset, iterable)
         self.pending = (cursor, copy.deepcopy(state_dict))
