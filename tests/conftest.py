@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch.utils.data._utils.collate import default_collate_fn_map as torch_collate_fn_map
 
+from _support.skip_guard import AllowedSkip, SkipGuard
 from ferry.collate import default_collate_fn_map as ferry_collate_fn_map
 
 
@@ -74,3 +75,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         where = item.path.relative_to(tests).as_posix()
         if where.startswith(SLOW_SUITES):
             item.add_marker(pytest.mark.slow)
+
+
+# The only reasons a test may skip for (each pattern must match a whole reason): what the machine
+# lacks, never what ferry lacks. Any other skip, and any xfail, fails the session (its exit
+# status is 1 even when every test passed); every skip seen is listed at the end of the run
+# (tests/_support/skip_guard.py). A feature that is not there, or a library that does not import,
+# must fail its tests, not skip them.
+DECLARED_SKIPS = (
+    AllowedSkip(
+        "accelerator",
+        r"needs an accelerator to pin memory|checks the no-accelerator fallback"
+        r"|the warning is about a machine with no accelerator",
+        "pin_memory behaves one way with an accelerator and another without: each machine runs "
+        "the side it has (CI's machines have none; the GPU run has one)",
+    ),
+    AllowedSkip(
+        "platform: Linux kernel interfaces",
+        r"no memfd_create on this platform|no /dev/shm|counts descriptors in /proc/self/fd"
+        r"|measures private memory from /proc/<pid>/smaps_rollup \(Linux 4\.14 and later\)"
+        r"|needs /proc/<pid>/smaps_rollup \(Linux\)|needs fork \(Linux\)"
+        r"|no per-thread CPU clocks or schedstat",
+        "ferry's shared memory, descriptor and memory checks use Linux interfaces; on a "
+        "platform without them the code under test takes another path, tested elsewhere",
+    ),
+    AllowedSkip(
+        "platform: start method",
+        r"start method \w+ is not available on this platform",
+        "a platform offers only some of fork, spawn and forkserver (macOS and Windows lack fork)",
+    ),
+    AllowedSkip(
+        "platform: private /dev/shm",
+        r"no unshare\(1\) here to make a private /dev/shm|unshare could not run: .*"
+        r"|a private /dev/shm is not permitted here: .*",
+        "hiding /dev/shm needs a private mount namespace (unshare -m, as root), which many "
+        "containers and unprivileged users are not allowed",
+    ),
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SkipGuard(DECLARED_SKIPS), "ferry-skip-guard")

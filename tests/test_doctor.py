@@ -240,7 +240,6 @@ def test_plot_without_matplotlib_exits_2_before_measuring(
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("two_cpus")
 def test_plot_is_a_png_with_the_tries(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
     plot = tmp_path / "doctor.png"
     status, _, _ = doctor(
         "slow_loader",

@@ -2,8 +2,9 @@
 
 Usage: ``python _rank_main.py RANK WORLD PORT OUT_DIR``. The rank joins a gloo group over TCP on
 127.0.0.1:PORT, runs every check below, and writes ``OUT_DIR/rank{RANK}.pkl``: a dict from check
-name to ``("ok", result)``, ``("error", traceback)`` or ``("unavailable", reason)``. A check that
-fails does not stop the others, so one group start-up serves the whole matrix.
+name to ``("ok", result)`` or ``("error", traceback)``. A check that fails does not stop the
+others, so one group start-up serves the whole matrix; every failure (ferry's loader not
+importing included) reaches the test as an error, never as a skip.
 
 Run as a script (not imported by name) so that it does not depend on how pytest imports test
 modules. The datasets live in this script, which spawned loader workers import again (as
@@ -28,6 +29,7 @@ from torch.utils.data import IterableDataset as TorchIterableDataset
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 from ferry.distributed import DistributedSampler, shard, shard_info
+from ferry.loader import DataLoader as FerryDataLoader
 
 SEEDS = (0, 11)
 EPOCHS = (0, 1, 5)
@@ -100,14 +102,6 @@ def shard_check() -> dict[str, Any]:
     return {"info": shard_info(), "items": list(shard(range(STREAM_LENGTH)))}
 
 
-def _ferry_loader() -> type[Any]:
-    try:
-        from ferry.loader import DataLoader
-    except ImportError as error:
-        raise LookupError(f"ferry.loader.DataLoader is not available yet: {error}") from None
-    return DataLoader
-
-
 def _workers(num_workers: int, worker_type: str, context: str | None = None) -> dict[str, Any]:
     if num_workers == 0:
         return {}
@@ -121,17 +115,12 @@ def _workers(num_workers: int, worker_type: str, context: str | None = None) -> 
     }
 
 
-def _epoch(loader: Iterable[Any], num_workers: int) -> list[Any]:
-    """One epoch of ``loader`` as lists; process workers that do not exist yet are reported."""
-    try:
-        return [
-            batch.tolist() if isinstance(batch, torch.Tensor) else [t.tolist() for t in batch]
-            for batch in loader
-        ]
-    except (NotImplementedError, ModuleNotFoundError) as error:
-        if num_workers == 0:
-            raise
-        raise LookupError(f"ferry's loader cannot run these workers yet: {error!r}") from None
+def _epoch(loader: Iterable[Any]) -> list[Any]:
+    """One epoch of ``loader`` as lists."""
+    return [
+        batch.tolist() if isinstance(batch, torch.Tensor) else [t.tolist() for t in batch]
+        for batch in loader
+    ]
 
 
 def loader_check(num_workers: int = 0, worker_type: str = "process") -> dict[str, Any]:
@@ -140,11 +129,10 @@ def loader_check(num_workers: int = 0, worker_type: str = "process") -> dict[str
     Process workers use the default start method (fork on Linux, as torch's loaders under DDP
     usually do) and persist across epochs, while the sampler reshuffles in the main process.
     """
-    ferry_loader_cls = _ferry_loader()
     dataset = Rows(29)
     ours = DistributedSampler(dataset, seed=3)
     theirs = TorchDistributedSampler(dataset, seed=3)
-    ferry_loader = ferry_loader_cls(
+    ferry_loader = FerryDataLoader(
         dataset, sampler=ours, batch_size=4, **_workers(num_workers, worker_type)
     )
     torch_loader = TorchDataLoader(dataset, sampler=theirs, batch_size=4)
@@ -152,8 +140,8 @@ def loader_check(num_workers: int = 0, worker_type: str = "process") -> dict[str
     for epoch in range(3):
         ours.set_epoch(epoch)
         theirs.set_epoch(epoch)
-        out["ferry"].append(_epoch(ferry_loader, num_workers))
-        out["torch"].append(_epoch(torch_loader, 0))
+        out["ferry"].append(_epoch(ferry_loader))
+        out["torch"].append(_epoch(torch_loader))
     return out
 
 
@@ -163,16 +151,14 @@ def stream_check(num_workers: int = 0, worker_type: str = "process") -> list[int
     Process workers are spawned: unlike forked ones they have no copy of the process group, so
     only what the loader hands them tells them their rank.
     """
-    ferry_loader_cls = _ferry_loader()
-    loader = ferry_loader_cls(
+    loader = FerryDataLoader(
         ShardedStream(STREAM_LENGTH), batch_size=3, **_workers(num_workers, worker_type, "spawn")
     )
-    return [item for batch in _epoch(loader, num_workers) for item in batch]
+    return [item for batch in _epoch(loader) for item in batch]
 
 
 def ddp_check() -> dict[str, Any]:
     """Trains a tiny linear model with DDP on ferry loaders; returns losses and final weights."""
-    ferry_loader_cls = _ferry_loader()
     from torch.nn.parallel import DistributedDataParallel
 
     data_generator = torch.Generator().manual_seed(0)
@@ -190,7 +176,7 @@ def ddp_check() -> dict[str, Any]:
     model = DistributedDataParallel(torch.nn.Linear(3, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     sampler = DistributedSampler(Pairs(), seed=1)
-    loader = ferry_loader_cls(Pairs(), batch_size=8, sampler=sampler)
+    loader = FerryDataLoader(Pairs(), batch_size=8, sampler=sampler)
     losses: list[float] = []
     steps = 0
     for epoch in range(4):
@@ -223,8 +209,6 @@ def run_checks(world: int) -> dict[str, tuple[str, Any]]:
     for name, check in checks.items():
         try:
             results[name] = ("ok", check())
-        except LookupError as missing:
-            results[name] = ("unavailable", str(missing))
         except Exception:
             results[name] = ("error", traceback.format_exc())
         # Keep the ranks in step, so that a rank that failed early does not leave the others

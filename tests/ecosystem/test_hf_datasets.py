@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import datasets
 import numpy as np
 import psutil
 import pytest
@@ -35,8 +36,6 @@ import torch
 import torch.utils.data as tud
 
 import ferry
-
-datasets = pytest.importorskip("datasets")
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 

@@ -191,7 +191,7 @@ def _epoch(loader: ferry.DataLoader[Any]) -> tuple[list[list[int]], LoaderStats]
 
 @linux
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+@pytest.mark.skipif(sys.platform != "linux", reason="needs fork (Linux)")
 def test_stats_show_the_growth_of_workers_that_copy_the_dataset(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -237,7 +237,7 @@ def test_thread_workers_and_the_inline_loader_have_nothing_to_measure() -> None:
 
 @linux
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+@pytest.mark.skipif(sys.platform != "linux", reason="needs fork (Linux)")
 def test_auto_moves_to_threads_when_the_growth_would_exceed_the_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -272,7 +272,7 @@ def test_auto_moves_to_threads_when_the_growth_would_exceed_the_memory(
 
 @linux
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+@pytest.mark.skipif(sys.platform != "linux", reason="needs fork (Linux)")
 def test_auto_keeps_processes_where_the_memory_suffices() -> None:
     loader = ferry.DataLoader(
         Strings(300_000), batch_size=256, num_workers="auto", multiprocessing_context="fork"
@@ -293,7 +293,7 @@ class FreezeCount(tud.Dataset[int]):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+@pytest.mark.skipif(sys.platform != "linux", reason="needs fork (Linux)")
 def test_forked_workers_keep_the_inherited_objects_out_of_their_collections() -> None:
     """A collection writes to every object it visits: forked workers get the main process's
     objects in the permanent generation, which collections skip; the main process keeps
