@@ -505,10 +505,30 @@ def test_threads_when_moving_batches_costs_more_than_making_them() -> None:
         hand_off_s=0.5,
         hand_off_bytes=100 * 2**20,
     )
-    advice = rules.thread_workers(_findings(stats))
+    advice = rules.thread_workers(_findings(stats, threads=ThreadProbe(10.0, 19.0)))
     assert advice is not None
     assert advice.changes == {"worker_type": "thread"}
     assert "(5 ms, 1.0 MiB) costs more than making it (2 ms)" in advice.reason
+    assert rules.worth_probing_threads(_findings(stats))  # (also when batches are quick)
+
+
+@pytest.mark.parametrize("probe", [None, ThreadProbe(10.0, 10.5), ThreadProbe(10.0, 13.0)])
+def test_no_threads_for_work_that_holds_the_gil_or_was_not_tried(
+    probe: ThreadProbe | None,
+) -> None:
+    """Issue 33: CPU-bound Python work holds the GIL (15 thread workers decoding JPEGs: 0.25x
+    torch's 15 processes); threads are advised only where two were seen to run in parallel."""
+    stats = _stats(
+        engine="process",
+        num_workers=2,
+        workers=_workers(2, 0.9),
+        fetch_s=0.2,
+        collate_s=0.0,
+        hand_off_s=0.5,
+        hand_off_bytes=100 * 2**20,
+    )
+    assert rules.thread_workers(_findings(stats, threads=probe)) is None
+    assert rules.thread_workers(_findings(threads=probe)) is None
 
 
 def test_processes_when_threads_take_turns_on_the_gil() -> None:
@@ -652,7 +672,8 @@ def _growing(growth_mib: int) -> tuple[WorkerStats, ...]:
 
 def test_workers_that_copy_the_dataset_are_told_to_share_it() -> None:
     stats = _stats(engine="process", num_workers=2, workers=_growing(300), wait_s=0.01)
-    findings = _findings(stats)
+    findings = _findings(stats, threads=ThreadProbe(10.0, 19.0))
+    assert rules.worth_probing_threads(_findings(stats))
     advice = rules.copy_on_write(findings)
     assert advice is not None  # (whether or not the loader is the bottleneck)
     assert (advice.option, advice.current, advice.suggested) == (
@@ -675,6 +696,10 @@ def test_copy_on_write_with_a_gil_bound_getitem_calls_for_a_shared_list() -> Non
     assert (advice.option, advice.current, advice.changes) == ("dataset", "", {})
     assert "ferry.SharedList" in advice.suggested
     assert "holds the GIL" in advice.reason
+    untried = rules.copy_on_write(_findings(stats))  # (threads only where seen in parallel)
+    assert untried is not None
+    assert "ferry.SharedList" in untried.suggested
+    assert "could not try them" in untried.reason
 
 
 @pytest.mark.parametrize(

@@ -211,6 +211,12 @@ def _process_costs(f: Findings) -> str:
     return " and ".join(costs)
 
 
+def _moving_costs_more(f: Findings) -> bool:
+    """Process workers spent longer moving batches out than making them."""
+    stats = f.stats
+    return bool(f.workers) and stats.hand_off_s > stats.fetch_s + stats.collate_s > 0
+
+
 def _reads_wait(f: Findings) -> float:
     """How many times their CPU time the batches took to make, when that says the reads wait
     (at least ``READS_WAIT``); 0 otherwise or unmeasured."""
@@ -258,15 +264,22 @@ def copy_on_write(f: Findings) -> Advice | None:
         "with every worker; "
     )
     probe = f.threads
-    if probe is not None and probe.speedup < GIL_BOUND:
-        reason += (
-            f"thread workers would share the objects, but two made only {probe.speedup:.2f}x "
-            "the batches of one (__getitem__ holds the GIL)"
-        )
+    if probe is None or probe.speedup < GIL_FREE:
+        # Threads only where they were seen to run in parallel (see thread_workers).
+        if probe is None:
+            reason += (
+                "thread workers would share the objects, but only work that releases the GIL "
+                "runs in parallel on threads, and the doctor could not try them"
+            )
+        else:
+            reason += (
+                f"thread workers would share the objects, but two made only "
+                f"{probe.speedup:.2f}x the batches of one (__getitem__ holds the GIL)"
+            )
         return Advice("dataset", "", "keep its list of objects in ferry.SharedList", reason)
     reason += (
-        "thread workers share them (or keep them in ferry.SharedList, one buffer that reads "
-        "do not copy)"
+        f"thread workers share them, and two made {probe.speedup:.2f}x the batches of one "
+        "(or keep them in ferry.SharedList, one buffer that reads do not copy)"
     )
     return Advice("worker_type", "'process'", "'thread'", reason, {"worker_type": "thread"})
 
@@ -274,8 +287,12 @@ def copy_on_write(f: Findings) -> Advice | None:
 def thread_workers(f: Findings) -> Advice | None:
     """Process workers (or the advice to add some): threads, when two worker threads make
     batches nearly twice as fast as one (``__getitem__`` releases the GIL) and processes cost
-    something threads would not, or when moving batches between processes costs more than
-    making them."""
+    something threads would not (moving batches out, more than making them or a real share of
+    the work; starting them each epoch).
+
+    Never without that measure: CPU-bound Python work (decoding, augmenting) holds the GIL, so
+    thread workers take turns; on a 16-CPU host, 15 thread workers decoding JPEGs with Pillow
+    made 0.25x the batches of torch's 15 process workers (issue 33)."""
     if f.options.get("worker_type", "process") != "process" or waiting_reads(f) is not None:
         return None
     if copy_on_write(f) is not None:  # (said there)
@@ -284,25 +301,25 @@ def thread_workers(f: Findings) -> Advice | None:
     if not target or not f.loader_bound:
         return None
     stats, probe = f.stats, f.threads
-    if probe is not None and probe.speedup >= GIL_FREE:
-        reason = (
-            f"two worker threads made {probe.speedup:.2f}x the batches of one: __getitem__ "
-            "releases the GIL (I/O, sleeps, native code), so threads work in parallel"
-        )
-        if not f.workers:
-            reason += " without starting processes or copying batches between them"
-        elif costs := _process_costs(f):
-            reason += f", and with processes {costs}"
-        else:
-            return None  # the processes cost little: threads would gain little
-    elif f.workers and stats.hand_off_s > stats.fetch_s + stats.collate_s > 0:
-        reason = (
-            f"moving a batch out of a worker process ({_ms(stats.hand_off_s / stats.batches)}, "
+    if probe is None or probe.speedup < GIL_FREE:
+        return None
+    reason = (
+        f"two worker threads made {probe.speedup:.2f}x the batches of one: __getitem__ "
+        "releases the GIL (I/O, sleeps, native code), so threads work in parallel"
+    )
+    if not f.workers:
+        reason += " without starting processes or copying batches between them"
+    elif _moving_costs_more(f):
+        reason += (
+            f", and moving a batch out of a worker process "
+            f"({_ms(stats.hand_off_s / stats.batches)}, "
             f"{stats.hand_off_bytes / stats.batches / 2**20:.1f} MiB) costs more than making "
             f"it ({_ms(f.work_per_batch_s)}); thread workers hand batches over without copying"
         )
+    elif costs := _process_costs(f):
+        reason += f", and with processes {costs}"
     else:
-        return None
+        return None  # the processes cost little: threads would gain little
     changes: dict[str, Any] = {} if f.workers else {"num_workers": target}
     changes["worker_type"] = "thread"
     return Advice("worker_type", "'process'", "'thread'", reason, changes)
@@ -429,8 +446,12 @@ def advise(f: Findings) -> list[Advice]:
 
 def worth_probing_threads(f: Findings) -> bool:
     """Whether a worker-type rule could use :func:`~ferry.doctor.measure.probe_threads`: the
-    loader is the bottleneck on slow batches, and has workers or would get some."""
-    if not f.loader_bound or f.work_per_batch_s < SLOW_BATCH_S:
+    loader is the bottleneck on slow batches (or on moving them out of processes), and has
+    workers or would get some; or process workers copy the dataset (copy_on_write). No rule
+    advises thread workers without the probe."""
+    if f.stats.engine == "process" and f.stats.copy_on_write:
+        return True
+    if not f.loader_bound or (f.work_per_batch_s < SLOW_BATCH_S and not _moving_costs_more(f)):
         return False
     return bool(f.workers or _worker_target(f))
 
