@@ -7,6 +7,7 @@ processes measured, and the real run only checks that every side is measured and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -271,3 +272,39 @@ def test_a_tiny_scaling_run_measures_every_side_and_writes_as_it_goes(
         assert all(s["error"] is None and len(s["epochs"]) == 1 for s in record["sides"])
     assert "| uint8 | 1 |" in page.read_text()
     assert json.loads(out.read_text())["meta"]["feed"] == "cpu"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_gpu_feed_passes_its_options_and_runs_its_step_per_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a GPU here: the step stays on the CPU and the device sync is a no-op; what is
+    checked is that the GPU feed's loader options are taken and every batch goes through it."""
+    from ferry.bench import scaling
+
+    stepped: list[int] = []
+    built: list[dict[str, Any]] = []
+    monkeypatch.setattr(scaling, "_gpu_step", lambda: lambda batch: stepped.append(len(batch)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    real = scaling.load_api
+
+    def spy(name: str) -> Any:
+        api = real(name)
+
+        def loader(*args: Any, **options: Any) -> Any:
+            options.pop("pin_memory")  # no GPU to pin for here
+            built.append(options)
+            return api.DataLoader(*args, **options)
+
+        return dataclasses.replace(api, DataLoader=loader)
+
+    monkeypatch.setattr(scaling, "load_api", spy)
+    config = ScalingConfig(workloads=("uint8",), workers=(1,), reps=1, feed="gpu", quick=True)
+    [row] = run_scaling(config, lambda line: None)
+    assert [side.error for side in row.sides] == [None, None, None]
+    assert {(o["prefetch_factor"], o["persistent_workers"], o["shuffle"]) for o in built} == {
+        (4, True, True)
+    }
+    samples = row.batches * row.batch_size
+    assert sum(stepped) == 3 * 2 * samples  # 3 loaders, a warm-up and a measured epoch each
