@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -155,6 +156,10 @@ def test_stack_into_reuses_its_batch_and_collates_the_rest_as_default_collate() 
     second = collate([torch.full((3,), 2.0), torch.full((3,), 3.0)])
     assert second.data_ptr() == first.data_ptr()  # no fresh batch memory
     assert collate([torch.ones(2)]).shape == (1, 2)
+    arrays = [np.full((2, 2), k, dtype=np.uint8) for k in range(3)]
+    stacked = collate(arrays)
+    assert (stacked.dtype, stacked[:, 0, 0].tolist()) == (torch.uint8, [0, 1, 2])
+    assert collate(arrays[::-1]).data_ptr() == stacked.data_ptr()
     mixed = collate([{"x": torch.ones(2), "y": 1}, {"x": torch.zeros(2), "y": 2}])
     assert mixed["y"].tolist() == [1, 2]
 

@@ -4,16 +4,17 @@ For a row of N workers, N processes each take an equal share of the epoch's inde
 run exactly what a loader's worker must run for them, ``collate([dataset[i] for i in batch])``,
 nothing else: no queue, no hand-off to another process, no pinning. Each times its own share
 after one untimed warm-up batch and after all N are ready (a barrier), so they run side by
-side as workers do; their rates, summed, are the most this machine can make of that workload
-with N processes. A loader is then reported as a share of it.
+side as workers do (a pass goes over the share again until it has lasted a quarter second);
+their rates, summed, are the most this machine can make of that workload with N processes. A
+loader is then reported as a share of it.
 
-The collate stacks samples that are tensors of one shape and dtype into a batch tensor kept
-from the previous batch (``torch.stack(..., out=...)``): the same copy a collate makes, without
-a fresh allocation whose pages fault in every batch, which a loader that reuses its batch
-memory does not pay either, so that the roof stays above what a loader can do. Other samples
-go through ``torch.utils.data.default_collate`` (imported where it runs, as the benchmark alone
-may). The processes are forked where the platform can (the dataset is inherited, not pickled),
-and set ``torch.set_num_threads(1)`` as a loader's workers do.
+The collate stacks samples that are tensors (or numpy arrays) of one shape and dtype into a
+batch tensor kept from the previous batch (``torch.stack(..., out=...)``): the same copy a
+collate makes, without a fresh allocation whose pages fault in every batch, which a loader
+that reuses its batch memory does not pay either, so that the roof stays above what a loader
+can do. Other samples go through ``torch.utils.data.default_collate`` (imported where it runs,
+as the benchmark alone may). The processes are forked where the platform can (the dataset is
+inherited, not pickled), and set ``torch.set_num_threads(1)`` as a loader's workers do.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import statistics
+import sys
 import threading
 import time
 import traceback
@@ -72,19 +74,28 @@ class StackInto:
         self._kept: torch.Tensor | None = None
 
     def __call__(self, samples: list[Any]) -> Any:
-        first = samples[0] if samples else None
-        same = isinstance(first, torch.Tensor) and all(
-            isinstance(s, torch.Tensor) and s.shape == first.shape and s.dtype == first.dtype
-            for s in samples
-        )
-        if not same or not isinstance(first, torch.Tensor):
+        first: Any = samples[0] if samples else None
+        kind = type(first)
+        alike = kind is torch.Tensor or _is_array(first)
+        if not alike or any(
+            type(s) is not kind or s.shape != first.shape or s.dtype != first.dtype for s in samples
+        ):
             from torch.utils.data import default_collate
 
             return default_collate(samples)
-        shape = (len(samples), *first.shape)
-        if self._kept is None or self._kept.shape != shape or self._kept.dtype != first.dtype:
-            self._kept = torch.empty(shape, dtype=first.dtype)
+        if kind is not torch.Tensor:  # numpy arrays: their memory shared, not copied
+            samples = [torch.from_numpy(s) for s in samples]
+        head = samples[0]
+        shape = (len(samples), *head.shape)
+        if self._kept is None or self._kept.shape != shape or self._kept.dtype != head.dtype:
+            self._kept = torch.empty(shape, dtype=head.dtype)
         return torch.stack(samples, out=self._kept)
+
+
+def _is_array(value: Any) -> bool:
+    """Whether ``value`` is a numpy array (numpy imported only where it is already loaded)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray)
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,7 @@ class _Share:
     batches: list[list[int]]
     passes: int
     collate: Callable[[list[Any]], Any]
+    min_pass_s: float
 
 
 def _share_worker(share: _Share, ready: Any, results: Any) -> None:
@@ -109,10 +121,13 @@ def _share_worker(share: _Share, ready: Any, results: Any) -> None:
         samples = sum(len(batch) for batch in share.batches)
         rates = []
         for _ in range(share.passes):
-            start = time.perf_counter()
-            for batch in share.batches:
-                collate([dataset[i] for i in batch])
-            rates.append(samples / max(time.perf_counter() - start, 1e-9))
+            done, elapsed, start = 0, 0.0, time.perf_counter()
+            while done == 0 or elapsed < share.min_pass_s:  # the share again, if it was short
+                for batch in share.batches:
+                    collate([dataset[i] for i in batch])
+                done += samples
+                elapsed = time.perf_counter() - start
+            rates.append(done / max(elapsed, 1e-9))
         results.put((share.rank, rates, None))
     except BaseException as exc:  # reported to the parent, which fails the roof
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -126,12 +141,15 @@ def measure_roof(
     processes: int,
     *,
     passes: int = 2,
+    min_pass_s: float = 0.25,
     timeout_s: float = 300.0,
     collate: Callable[[list[Any]], Any] | None = None,
 ) -> RoofResult:
     """Run ``batches`` of ``dataset`` in ``processes`` plain processes and return their summed
-    rate (see the module docstring). Raises ``RuntimeError`` when a process fails or the
-    whole takes longer than ``timeout_s`` (0: no limit)."""
+    rate (see the module docstring). A pass that takes less than ``min_pass_s`` goes over its
+    share again until it has taken that long, so that a short share (fast samples, a small
+    epoch) is not timed in a few scheduler slices. Raises ``RuntimeError`` when a process fails
+    or the whole takes longer than ``timeout_s`` (0: no limit)."""
     methods = multiprocessing.get_all_start_methods()
     context: Any = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     ready = context.Barrier(processes + 1)
@@ -141,7 +159,11 @@ def measure_roof(
     started = [
         context.Process(
             target=_share_worker,
-            args=(_Share(rank, dataset, work[rank], passes, run_collate), ready, results),
+            args=(
+                _Share(rank, dataset, work[rank], passes, run_collate, min_pass_s),
+                ready,
+                results,
+            ),
             name=f"ferry-bench-roof-{rank}",
             daemon=True,
         )
