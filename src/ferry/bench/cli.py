@@ -33,7 +33,7 @@ the first batch, and the memcpy bound of each batch's bytes. The I/O-latency wor
 io50) get a second table: samples/s beside the bound that the loader's concurrency C allows at
 the latency L (C/L) and the CPU bound.
 
-The default run takes about 2 minutes on 2 cores. --io runs the I/O rows at full size (io10 and
+The default run takes about 2 minutes on 2 idle cores. --io runs the I/O rows at full size (io10 and
 io50, 1,024 samples: about 6 minutes more). --scaling runs the scaling mode instead: the jpeg
 and uint8 workloads at 1, 2, 4, ... workers (--workers-list), each loader against the roof (the
 same dataset work in N plain processes, no loader), with the GPU feed where CUDA is present."""
@@ -85,23 +85,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     scaling = "\n".join(f"  {w.name:<8} {w.summary}" for w in SCALING_WORKLOADS.values())
     parser.epilog = (
         f"workloads:\n{listing}\n\nworkloads of --scaling:\n{scaling}\n\n"
-        "exit status: 0 every row ran, 1 a row failed (its error is in "
-        "the table),\n2 bad arguments or matplotlib missing for --plot, 130 interrupted"
+        "exit status: 0 every row ran, 1 a row failed (its error is in the table;\n"
+        "--scaling: also a row --budget left out), 2 bad arguments or matplotlib\n"
+        "missing for --plot, 130 interrupted"
     )
     add = parser.add_argument
     add("--quick", action="store_true", help="small, fast configuration (1 rep + warm-up); CI")
     add("--only", type=_workload_names, metavar="NAME[,NAME]", help="run only these workloads")
     add("--workers", type=_worker_counts, metavar="N[,N]", help="worker counts (default: 0,2)")
-    add("--reps", type=positive_int, metavar="N", help="measured runs per side (default 3)")
+    add(
+        "--reps",
+        type=positive_int,
+        metavar="N",
+        help="measured runs per side (default 3); --scaling: measured epochs per loader",
+    )
     add("--batch-size", type=positive_int, metavar="N", help="override every batch size")
     add("--json", type=Path, metavar="PATH", help="write the results as JSON")
-    add("--plot", type=Path, metavar="PATH", help="write a PNG chart of the ratios (matplotlib)")
+    add(
+        "--plot",
+        type=Path,
+        metavar="PATH",
+        help="write a PNG chart of the ratios and rates, log axes (matplotlib)",
+    )
     add(
         "--timeout",
         type=seconds,
         default=300.0,
         metavar="SECONDS",
-        help="a run taking longer fails its row (default 300; 0: no limit)",
+        help="a run (--scaling: an epoch, a roof) taking longer fails its row or side "
+        "(default 300; 0: no limit)",
     )
     add(
         "--no-resume",
