@@ -59,8 +59,11 @@ SDL behaviour that is a defect of SDL itself is not compared (:func:`sdl_defect`
     (docs/design/state.md, "Draws from torch's global RNG"). The program seeds the global RNG
     identically before building each loader, so the resumed loader's first epoch is drawn as
     a fresh loader's first epoch, its second as the second (:func:`fresh_draws`): exact only
-    when saved in the first epoch. (With persistent workers the resumed epoch draws no base
-    seed, which shifts the draws by one: only the relay is checked there.)
+    when saved inside the first epoch. (An ended epoch a resume goes through draws nothing
+    from the global RNG: its draws came before the state was taken, so a program that keeps
+    or restores the global RNG, as torchdata's suite does, goes on exactly.) With persistent
+    workers the resumed epoch draws no base seed, which shifts the draws by one: only the
+    relay is checked there.
 
   In the first epoch's loop SDL's behaviour with these samplers is compared exactly.
 
@@ -238,15 +241,12 @@ def fresh_draws(setup: Setup, point: SavePoint, full: list[list[Any]], outcome: 
     """The program ``torch_random`` (``generator=None``) must be, resumed at ``point``: loader A's
     epochs, then the epochs a fresh loader draws from the global RNG (seeded as A's was), in
     order. A resume inside an epoch draws it as a fresh loader's first epoch and skips what A
-    handed out; a resume after the loop goes through the ended epoch (a fresh first epoch, not
-    seen) and then draws the second."""
+    handed out; a resume after the loop goes through the ended epoch without drawing from the
+    global RNG (those draws came before the state was taken) and draws the next epoch as a
+    fresh loader's first (with an ``EpochReplayWarning``: it repeats A's first epoch)."""
     expected: list[Any] = [list(e or []) for e in outcome.before]
-    if point.kind == "after_loop":
-        draws = iter(full[1:])
-        first = point.epoch + 1
-    else:
-        draws = iter(full)
-        first = point.epoch
+    draws = iter(full)
+    first = point.epoch + 1 if point.kind == "after_loop" else point.epoch
     for epoch in range(first, setup.epochs):
         drawn = next(draws)
         if epoch == point.epoch:

@@ -109,6 +109,10 @@ class WorkerCursor:
     again after loading the snapshot, so the dataset's state moves on as it did. ``replay``:
     keys to fetch again before those, found when a resume went through an ended epoch (not
     saved: the worker reports its states once it has fetched them, see ``pool.py``).
+    ``ended`` (a persistent worker's stream, when a resume went through an ended epoch): its
+    position in that epoch; the worker opens its stream there and reads it to its end before
+    this epoch begins, so a dataset whose state says where its stream stands goes on from that
+    end, as the uninterrupted worker's did (not saved).
     """
 
     items: int = 0
@@ -116,6 +120,7 @@ class WorkerCursor:
     snapshot: Snapshot = field(default_factory=Snapshot)
     since: Runs = ()
     replay: tuple[Any, ...] = field(default=(), compare=False)
+    ended: WorkerCursor | None = field(default=None, compare=False)
 
     def fetched(self, number: int) -> WorkerCursor:
         """This position after the worker fetched key ``number`` and took no snapshot."""

@@ -49,6 +49,7 @@ from ferry._engine.keys import (
     KeysCursor,
     draws_from_global,
     restore_between_epochs,
+    stateful_part,
 )
 from ferry._engine.pin import pin_batch
 from ferry._engine.plan import EpochPlan
@@ -112,13 +113,42 @@ class LoaderIterator(TorchLoaderIterator):
         if resume is None and run is not None:
             start = replace(start, run=replace(start.run, epoch_starts=run.epoch_starts))
         self._carried_budget = budget
-        self._open_epoch(start)
+        if resume is not None and not start.started:
+            self._at_save_point(start)  # between epochs: the state came before the draws
         if start.finished:
             # The saved epoch had ended: go through it (its keys are drawn and skipped, as
-            # torchdata's loader does with a finished iterator), then begin the next one.
-            self._track.keys.exhausted()
+            # torchdata's loader does with a finished iterator), then begin the next one. Its
+            # draws from torch's global RNG were made before the state was taken, so they are
+            # made on a copy: the next epoch draws from the global RNG as it stood at the save
+            # (as the uninterrupted run's next epoch does, when the global RNG was restored
+            # with the checkpoint or never left the process).
+            global_rng = torch.get_rng_state()
+            try:
+                self._open_epoch(start)
+                self._track.keys.exhausted()
+            finally:
+                torch.set_rng_state(global_rng)
+            self._at_save_point(start)
             self._open_epoch(self._track.next_epoch())
+            if plan.persistent_workers and plan.iterable_style:
+                # Persistent workers read the ended epoch's streams to their ends first, as
+                # the uninterrupted run's had (see WorkerCursor.ended).
+                track = self._track
+                if len(start.workers) == len(track.workers):
+                    track.workers = [
+                        now if then == WorkerCursor() else replace(now, ended=then)
+                        for now, then in zip(track.workers, start.workers, strict=True)
+                    ]
+        else:
+            self._open_epoch(start)
+            if resume is not None and start.started:
+                self._at_save_point(start)
         self._track.loaded = resume
+
+    def _at_save_point(self, start: Cursor) -> None:
+        """A resume has made the draws the interrupted run made before its state was taken
+        (``start``): the engine may now restore what was saved after them (the inline engine:
+        the main process's dataset, whose state may hold torch's global RNG)."""
 
     # -- the epoch and its cursor --------------------------------------------------------------
 
@@ -355,23 +385,42 @@ class InlineIterator(LoaderIterator):
                 f"how long to wait for a worker, got timeout={plan.timeout}; set num_workers > 0 "
                 "or leave timeout at 0"
             )
+        self._keeper = PositionKeeper(plan.dataset, plan.snapshot_every, track_rng=False)
+        self._dataset_restored = False  # by _at_save_point, before the fetcher opens
         super().__init__(plan, resume, budget, run)
         self._skip = plan.failures.skip
         self._allocator = plan.buffer_pool
         # Made after the base seed is drawn: an iterable dataset's stream opens here, as in
         # torch, so its __iter__ (and any random draw in it) runs at iter(loader). The main
         # process's generators are the user's: they are neither reported nor restored.
-        self._keeper = PositionKeeper(plan.dataset, plan.snapshot_every, track_rng=False)
         self._reads: AsyncReads | None = None  # an async dataset's event loop (aio.py)
-        self._fetcher: MapFetcher | IterableFetcher = self._keeper.open(
-            self._make_fetcher, self.worker_resume(0)
-        )
+        first = self.worker_resume(0)
+        if first is not None and self._dataset_restored:
+            first = replace(first, snapshot=replace(first.snapshot, dataset=None))
+        self._fetcher: MapFetcher | IterableFetcher = self._keeper.open(self._make_fetcher, first)
         # The main process's position is read when the state is asked for, user states
         # included, as torchdata's loader does without workers: no report per batch.
         self._track.live = self._live
 
     def _live(self) -> WorkerCursor:
         return self._keeper.live(self._fetcher)
+
+    def _at_save_point(self, start: Cursor) -> None:
+        # A map-style dataset's own state is restored where the interrupted run took it: after
+        # the epoch's draws (its base seed, and the sampler's fast-forward past the keys handed
+        # out, made now rather than at the first batch), before the next epoch's. torchdata
+        # restores it there too, and a dataset whose state holds torch's global RNG depends
+        # on it: the draws then come out as in the uninterrupted run.
+        dataset = self._plan.dataset
+        if self._plan.iterable_style or start.num_workers or len(start.workers) != 1:
+            return
+        state = start.workers[0].snapshot.dataset
+        if state is None or not stateful_part(dataset):
+            return
+        if start.started and not start.finished and start.position:
+            self._track.keys.exhausted()
+        dataset.load_state_dict(state)
+        self._dataset_restored = True
 
     def _restart(self, plan: EpochPlan) -> None:
         """The next epoch on this iterator, as a new iterator of the same loader would begin it

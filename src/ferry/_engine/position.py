@@ -17,14 +17,15 @@ sample count always, the generators only when they changed, the user states ever
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ferry._core.rng import ProcessRng, RngWatch
+from ferry._engine.counted import snapshots_itself
 from ferry._engine.cursor import Snapshot, WorkerCursor
 from ferry._engine.fetch import BatchDropped, IterableFetcher, MapFetcher
-from ferry._engine.keys import stateful_part
 from ferry.datasets import is_iterable_style
 
 __all__ = ["PositionKeeper", "WorkerReport"]
@@ -56,7 +57,8 @@ class PositionKeeper:
     def __init__(self, dataset: Any, snapshot_every: int, track_rng: bool) -> None:
         self._dataset = dataset
         self._every = snapshot_every  # 0: never after the epoch's start
-        self._dataset_stateful = stateful_part(dataset)
+        # (a state_dict that needs arguments is not torchdata's: see _engine/counted.py)
+        self._dataset_stateful = snapshots_itself(dataset)
         # Whether a batch can change anything worth reporting (else the caller may skip
         # after_batch): a stream's count, a generator, or a user state.
         self.reports = track_rng or self._dataset_stateful or is_iterable_style(dataset)
@@ -74,6 +76,15 @@ class PositionKeeper:
         map-style dataset fetched since its snapshot, fetched again (results dropped) so its
         own state moves on as it did, as torchdata's workers do."""
         self._batches = 0
+        if resume is not None and resume.ended is not None:
+            # The ended epoch first: its stream from where it stood, read to its end. The
+            # dataset then stands as the uninterrupted worker's did when this epoch began.
+            ended = self.open(make, resume.ended)
+            if isinstance(ended, IterableFetcher):
+                ended.drop(sys.maxsize)
+            self._batches = 0
+            kept = replace(resume.snapshot, dataset=None)
+            resume = replace(resume, ended=None, snapshot=kept)
         snapshot = resume.snapshot if resume is not None else Snapshot()
         if snapshot.dataset is not None and self._dataset_stateful:
             self._dataset.load_state_dict(snapshot.dataset)
@@ -83,7 +94,7 @@ class PositionKeeper:
                 # (on_error="skip": a batch it dropped the first time, it drops again)
                 with contextlib.suppress(BatchDropped):
                     fetcher.fetch(key)
-        self._stream_stateful = isinstance(fetcher, IterableFetcher) and stateful_part(
+        self._stream_stateful = isinstance(fetcher, IterableFetcher) and snapshots_itself(
             fetcher.stream
         )
         if isinstance(fetcher, IterableFetcher) and resume is not None:
