@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -313,3 +314,58 @@ def test_the_gpu_feed_passes_its_options_and_runs_its_step_per_batch(
     }
     samples = row.batches * row.batch_size
     assert sum(stepped) == 3 * 2 * samples  # 3 loaders, a warm-up and a measured epoch each
+
+
+class _Stalls(_Squares):
+    """Samples from index 2 on take 30 s: a roof that must be cut short."""
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index >= 2:
+            time.sleep(30)
+        return super().__getitem__(index)
+
+
+@pytest.mark.timeout(60)
+def test_a_roof_past_its_timeout_fails_and_stops_its_processes() -> None:
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"the roof took longer than 0\.5 s"):
+        measure_roof(_Stalls(4), [[0, 1], [2, 3]], 1, passes=1, timeout_s=0.5)
+    assert time.monotonic() - start < 15
+
+
+class _NoThreads:
+    """A stand-in for ferry's loader: builds, but fails as its first epoch starts."""
+
+    def __init__(self, dataset: Any, **options: Any) -> None:
+        self.options = options
+
+    def __iter__(self) -> Any:
+        raise TypeError("thread workers are not supported here")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_failing_side_fails_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ferry.bench import scaling
+
+    real = scaling.load_api
+    calls: list[str] = []
+
+    def load_api(name: str) -> Any:
+        calls.append(name)
+        api = real(name)
+        if name == "ferry" and calls.count("ferry") == 2:  # the thread side's
+            return dataclasses.replace(api, DataLoader=_NoThreads)
+        return api
+
+    monkeypatch.setattr(scaling, "load_api", load_api)
+    config = ScalingConfig(workloads=("uint8",), workers=(1,), reps=1, quick=True)
+    [row] = run_scaling(config, lambda line: None)
+    assert row.roof is not None
+    assert [(s.label, s.error) for s in row.sides] == [
+        ("torch", None),
+        ("ferry", None),
+        ("ferry threads", "epoch 0: TypeError: thread workers are not supported here"),
+    ]
+    assert row.over_torch("ferry") is not None
+    assert row.share_of_roof("ferry threads") is None

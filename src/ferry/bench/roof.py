@@ -170,6 +170,7 @@ def measure_roof(
         for rank in range(processes)
     ]
     limit = timeout_s if timeout_s > 0 else None
+    rates: dict[int, list[float]] = {}
     end = None if limit is None else time.monotonic() + limit
     try:
         for process in started:
@@ -184,7 +185,6 @@ def measure_roof(
             raise RuntimeError(
                 f"a roof process failed: {error}" if error else "the roof did not start in time"
             ) from None
-        rates: dict[int, list[float]] = {}
         while len(rates) < processes:
             left = None if end is None else max(end - time.monotonic(), 0.0)
             try:
@@ -195,8 +195,11 @@ def measure_roof(
                 raise RuntimeError(f"a roof process failed: {error}")
             rates[rank] = got
     finally:
+        # Done: each process has sent its rates and exits. Failed: the rest are stopped now.
+        grace = _EXIT_GRACE_S if len(rates) == processes else 0.0
         for process in started:
-            process.join(_EXIT_GRACE_S if process.is_alive() else 0)
+            if process.is_alive():
+                process.join(grace)
             if process.is_alive():
                 process.terminate()
                 process.join(_EXIT_GRACE_S)
