@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -330,6 +331,23 @@ def test_a_roof_past_its_timeout_fails_and_stops_its_processes() -> None:
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"the roof took longer than 0\.5 s"):
         measure_roof(_Stalls(4), [[0, 1], [2, 3]], 1, passes=1, timeout_s=0.5)
+    assert time.monotonic() - start < 15
+
+
+class _Dies(_Squares):
+    """Sample 3 ends its process without a word, as the OOM killer would."""
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 3:
+            os._exit(3)
+        return super().__getitem__(index)
+
+
+@pytest.mark.timeout(60)
+def test_a_roof_process_that_dies_fails_the_roof_without_waiting_for_the_timeout() -> None:
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"a roof process died \(exit code 3\)"):
+        measure_roof(_Dies(4), [[0, 1], [2, 3]], 1, passes=1, timeout_s=50)
     assert time.monotonic() - start < 15
 
 

@@ -398,6 +398,7 @@ class DataLoader(TorchDataLoader[T_co]):
                 f"loads ahead, got prefetch_factor={self.prefetch_factor}"
             )
         plan = self._plan()
+        self._resume.begin(self.dataset)  # (warns once, here, if it cannot be asked)
         resume, budget, run = self._resume.take_pending()
         if resume is not None:
             resume = fit_workers(resume, self.num_workers, self.dataset, self._iterable_style)

@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from ferry._core.info import check_thread_sharding, publish_threads_to_torch
 from ferry._engine.channels import Channel, ProcessChannel, ThreadChannel
+from ferry._engine.counted import refuse_threads
 from ferry._engine.group import (
     ProcessHandle,
     ThreadHandle,
@@ -156,6 +157,7 @@ class ThreadWorkers(WorkerKind[ThreadHandle]):
     ) -> None:
         if plan.iterable_style:
             check_thread_sharding(plan.dataset)
+            refuse_threads(plan.dataset)
         publish_threads_to_torch()
         start_threads(group, configs, plan)
 

@@ -29,6 +29,7 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
+from ferry._engine.counted import DatasetPosition, DatasetVerdict, judge_dataset
 from ferry._engine.cursor import (
     Cursor,
     LoaderIdentity,
@@ -155,6 +156,26 @@ class Resumer:
         # The type of what the loader's _get_iterator() returned last, when ferry did not make
         # it (an override returned another iterator): its position is unknown to ferry.
         self.foreign: type | None = None
+        # How the dataset's own state is taken (decided once: see _engine/counted.py), and
+        # whether a counted dataset was given a state that the next epoch must drop.
+        self.verdict: DatasetVerdict | None = None
+        self.given = False
+
+    def judge(self, dataset: Any) -> DatasetVerdict:
+        """How ``dataset``'s own state is taken, decided when the loader first needs it."""
+        if self.verdict is None:
+            self.verdict = judge_dataset(dataset)
+        return self.verdict
+
+    def begin(self, dataset: Any) -> None:
+        """Called as each iterator is made, before :meth:`take_pending`: judges the dataset
+        (once), and makes a counted dataset drop the state it was given once the iterator
+        that resumed from it is done with."""
+        counted = self.judge(dataset).counted
+        if self.given and self.pending is None:
+            self.given = False
+            if counted is not None and counted.forget is not None:
+                getattr(dataset, counted.forget)()
 
     def __getstate__(self) -> dict[str, Any]:
         # A pickled loader carries a loaded state, not a live epoch.
@@ -187,13 +208,23 @@ class Resumer:
             cursor = track.save()
             if self.loaded is not None and cursor is self.loaded[0]:
                 return copy.deepcopy(self.loaded[1])
-        return LoaderState(identity_of(loader), cursor).to_plain()
+        plain = LoaderState(identity_of(loader), cursor).to_plain()
+        counted = self.judge(loader.dataset).counted
+        if counted is not None and cursor.started:
+            position = counted.save(loader.dataset, cursor, loader.batch_size)
+            plain["dataset_position"] = position.to_plain()
+        return plain
 
     def load_state_dict(self, loader: Any, state_dict: dict[str, Any]) -> None:
         """``loader.load_state_dict()``: see :meth:`ferry.DataLoader.load_state_dict`."""
         cursor = LoaderState.cursor_from_plain(state_dict, identity_of(loader))
+        position = DatasetPosition.from_plain(state_dict.get("dataset_position"))
         iterable = loader._iterable_style
         cursor = fit_workers(cursor, loader.num_workers, loader.dataset, iterable)
+        if position is not None:
+            # (as the library's own loader does: given now, read by the next iteration)
+            cursor = position.load(loader.dataset, self.judge(loader.dataset), cursor)
+            self.given = True
         if not self.warned_replay:
             self.warned_replay = warn_replay(cursor, loader.dataset, iterable)
         self.pending = (cursor, copy.deepcopy(state_dict))

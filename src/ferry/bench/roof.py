@@ -3,10 +3,10 @@
 For a row of N workers, N processes each take an equal share of the epoch's index batches and
 run exactly what a loader's worker must run for them, ``collate([dataset[i] for i in batch])``,
 nothing else: no queue, no hand-off to another process, no pinning. Each times its own share
-after one untimed warm-up batch and after all N are ready (a barrier), so they run side by
-side as workers do (a pass goes over the share again until it has lasted a quarter second);
-their rates, summed, are the most this machine can make of that workload with N processes. A
-loader is then reported as a share of it.
+after one untimed warm-up batch, once all N have warmed up (an event starts them together), so
+they run side by side as workers do (a pass goes over the share again until it has lasted a
+quarter second); their rates, summed, are the most this machine can make of that workload with
+N processes. A loader is then reported as a share of it.
 
 The collate stacks samples that are tensors (or numpy arrays) of one shape and dtype into a
 batch tensor kept from the previous batch (``torch.stack(..., out=...)``): the same copy a
@@ -23,7 +23,6 @@ import multiprocessing
 import queue
 import statistics
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -35,6 +34,8 @@ import torch
 __all__ = ["RoofResult", "StackInto", "measure_roof", "roof_of", "shares"]
 
 _EXIT_GRACE_S = 5.0
+_POLL_S = 0.5  # how often the parent looks for a roof process that died without a word
+_READY = "ready"
 
 
 @dataclass(frozen=True)
@@ -110,14 +111,15 @@ class _Share:
     min_pass_s: float
 
 
-def _share_worker(share: _Share, ready: Any, results: Any) -> None:
-    """One roof process: warm up on one batch, wait for the others, time ``passes`` passes."""
+def _share_worker(share: _Share, go: Any, results: Any) -> None:
+    """One roof process: warm up on one batch, say so, wait for the start, time its passes."""
     dataset, collate = share.dataset, share.collate
     try:
         torch.set_num_threads(1)
         if share.batches:
             collate([dataset[i] for i in share.batches[0]])
-        ready.wait()
+        results.put((share.rank, _READY, None))
+        go.wait()
         samples = sum(len(batch) for batch in share.batches)
         rates = []
         for _ in range(share.passes):
@@ -131,8 +133,32 @@ def _share_worker(share: _Share, ready: Any, results: Any) -> None:
         results.put((share.rank, rates, None))
     except BaseException as exc:  # reported to the parent, which fails the roof
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        results.put((share.rank, [], text))
-        ready.abort()  # the others, and the parent, stop waiting at the barrier
+        results.put((share.rank, None, text))
+
+
+def _gather(
+    results: Any, started: Sequence[Any], end: float | None, timeout_s: float
+) -> dict[int, Any]:
+    """One message from each process in ``started``, ``{rank: payload}``; raises
+    ``RuntimeError`` when one reports an error or dies, or at ``end`` (monotonic time)."""
+    got: dict[int, Any] = {}
+    while len(got) < len(started):
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left <= 0:
+            raise RuntimeError(f"the roof took longer than {timeout_s:g} s")
+        try:
+            rank, payload, error = results.get(
+                timeout=_POLL_S if left is None else min(left, _POLL_S)
+            )
+        except queue.Empty:
+            dead = [p for p in started if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a roof process died (exit code {dead[0].exitcode})") from None
+            continue
+        if error is not None:
+            raise RuntimeError(f"a roof process failed: {error}")
+        got[rank] = payload
+    return got
 
 
 def measure_roof(
@@ -152,48 +178,27 @@ def measure_roof(
     or the whole takes longer than ``timeout_s`` (0: no limit)."""
     methods = multiprocessing.get_all_start_methods()
     context: Any = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    ready = context.Barrier(processes + 1)
+    go = context.Event()
     results = context.Queue()
     work = shares(batches, processes)
     run_collate = collate or StackInto()
     started = [
         context.Process(
             target=_share_worker,
-            args=(
-                _Share(rank, dataset, work[rank], passes, run_collate, min_pass_s),
-                ready,
-                results,
-            ),
+            args=(_Share(rank, dataset, work[rank], passes, run_collate, min_pass_s), go, results),
             name=f"ferry-bench-roof-{rank}",
             daemon=True,
         )
         for rank in range(processes)
     ]
-    limit = timeout_s if timeout_s > 0 else None
+    end = time.monotonic() + timeout_s if timeout_s > 0 else None
     rates: dict[int, list[float]] = {}
-    end = None if limit is None else time.monotonic() + limit
     try:
         for process in started:
             process.start()
-        try:
-            ready.wait(limit)
-        except threading.BrokenBarrierError:
-            try:
-                error = results.get(timeout=_EXIT_GRACE_S)[2]
-            except queue.Empty:
-                error = None
-            raise RuntimeError(
-                f"a roof process failed: {error}" if error else "the roof did not start in time"
-            ) from None
-        while len(rates) < processes:
-            left = None if end is None else max(end - time.monotonic(), 0.0)
-            try:
-                rank, got, error = results.get(timeout=left)
-            except queue.Empty:
-                raise RuntimeError(f"the roof took longer than {timeout_s:g} s") from None
-            if error is not None:
-                raise RuntimeError(f"a roof process failed: {error}")
-            rates[rank] = got
+        _gather(results, started, end, timeout_s)  # every one warmed up and waiting
+        go.set()
+        rates = _gather(results, started, end, timeout_s)
     finally:
         # Done: each process has sent its rates and exits. Failed: the rest are stopped now.
         grace = _EXIT_GRACE_S if len(rates) == processes else 0.0
