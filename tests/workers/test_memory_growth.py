@@ -9,6 +9,7 @@ and the doctor advises threads (its rule is tested in ``test_doctor.py``).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import ferry
 from ferry._core import memory
 from ferry._core.memory import COPY_ON_WRITE, MemorySampler, anon_bytes, growth_verdict
 from ferry._engine import switch
-from ferry.stats import LoaderStats
+from ferry.stats import LoaderStats, StatsRecorder
 
 linux = pytest.mark.skipif(
     not Path("/proc/self/smaps_rollup").exists(), reason="needs /proc/<pid>/smaps_rollup (Linux)"
@@ -119,6 +120,26 @@ def test_a_new_epoch_does_not_buy_a_read_beyond_the_share() -> None:
     now[0] += 0.1  # 0.606 s since the last read began
     sampler.restart()
     assert sampler.after_batch() == 100
+
+
+def test_the_end_of_an_epoch_reads_the_workers_within_the_share() -> None:
+    """The main process reads each worker's memory when the epoch ends only while those reads
+    fit in 1% of the epoch (issue 33: 5-7 ms a worker, at every end of 50 ms epochs)."""
+    now = [0.0]
+    stats = StatsRecorder(1, clock=lambda: now[0])
+    stats.worker_memory(0, 1)  # (measured this epoch: the worker is read at its end)
+    measure = switch.EndMeasure()
+    pids: list[tuple[int, int | None]] = [(0, os.getpid())]  # (this process stands in)
+    now[0] = 0.05
+    measure(stats, pids)  # no read made yet: its cost is not known, so it is read
+    assert stats.memory_latest[0] > 1
+    stats.memory_latest[0] = 1
+    now[0] = 0.0001  # an epoch of 0.1 ms: under 100 times any read of smaps_rollup
+    measure(stats, pids)
+    assert stats.memory_latest[0] == 1
+    now[0] = 1000.0
+    measure(stats, pids)
+    assert stats.memory_latest[0] > 1
 
 
 def test_a_slow_measure_is_taken_less_often() -> None:
