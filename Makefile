@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 
 # The interpreter is checked before anything is made. A .venv without .installed is what a
 # failed or interrupted set-up left: it is made afresh. A failed first install removes .venv.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml tests/ecosystem/streaming-requirements.txt
 	@$(PYTHON) -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 10))' \
 	  >/dev/null 2>&1 || { \
 	  echo "make: the development set-up needs Python >= 3.10 with its venv module;" \
@@ -20,6 +20,10 @@ $(VENV)/.installed: pyproject.toml
 	@[ -e $@ ] || rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench,ecosystem]' \
+	  || { [ -e $@ ] || rm -rf $(VENV); exit 1; }
+	@# MosaicML Streaming and litdata, without their declared requirements (the file says why)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps \
+	  -r tests/ecosystem/streaming-requirements.txt \
 	  || { [ -e $@ ] || rm -rf $(VENV); exit 1; }
 	touch $@
 

@@ -27,6 +27,7 @@ from ferry._engine.counted import snapshots_itself
 from ferry._engine.cursor import Snapshot, WorkerCursor
 from ferry._engine.fetch import BatchDropped, IterableFetcher, MapFetcher
 from ferry.datasets import is_iterable_style
+from ferry.errors import warn_from_user_code
 
 __all__ = ["PositionKeeper", "WorkerReport"]
 
@@ -51,6 +52,15 @@ class WorkerReport:
         return WorkerCursor(self.items, rng, previous.snapshot, previous.since, previous.replay)
 
 
+# The classes whose state_dict() raised the first time it was asked, in this process: their
+# objects are not asked again (by the next epoch's keepers either), and it is said once.
+_RAISED: set[type] = set()
+
+
+class _Refused(Exception):
+    """(A class in _RAISED: not asked again.)"""
+
+
 class PositionKeeper:
     """Restores and reports one fetcher's position (see the module docstring)."""
 
@@ -65,6 +75,10 @@ class PositionKeeper:
         self._batches = 0
         self._rng = RngWatch() if track_rng else None
         self._stream_stateful = False  # decided when a stream opens
+        # The parts whose state_dict() has answered once; one that raised the first time it
+        # was asked is not asked again (see _state_of).
+        self._answered: set[str] = set()
+        self._stream_refused = False
 
     def open(
         self,
@@ -94,8 +108,10 @@ class PositionKeeper:
                 # (on_error="skip": a batch it dropped the first time, it drops again)
                 with contextlib.suppress(BatchDropped):
                     fetcher.fetch(key)
-        self._stream_stateful = isinstance(fetcher, IterableFetcher) and snapshots_itself(
-            fetcher.stream
+        self._stream_stateful = (
+            isinstance(fetcher, IterableFetcher)
+            and not self._stream_refused
+            and snapshots_itself(fetcher.stream)
         )
         if isinstance(fetcher, IterableFetcher) and resume is not None:
             fetcher.items = snapshot.items
@@ -133,15 +149,50 @@ class PositionKeeper:
         state, its iterator's: it is restored after ``iter(dataset)``, as torchdata does, since
         its ``load_state_dict`` may use what ``__iter__`` sets up."""
         if not isinstance(fetcher, IterableFetcher):
-            return Snapshot(0, self._dataset.state_dict() if self._dataset_stateful else None)
+            dataset = self._state_of(self._dataset, "dataset") if self._dataset_stateful else None
+            return Snapshot(0, dataset)
         stream = fetcher.stream
         own = stream is not self._dataset
-        dataset = self._dataset.state_dict() if self._dataset_stateful and own else None
-        state = stream.state_dict() if self._stream_stateful else None  # type: ignore[attr-defined]
+        dataset = (
+            self._state_of(self._dataset, "dataset") if self._dataset_stateful and own else None
+        )
+        state = self._state_of(stream, "stream") if self._stream_stateful else None
         if dataset is None and state is None:
             return Snapshot()  # nothing describes the stream: a resume reads it again
         # As torchdata: a stream with a state, or from a dataset with one, is not read again.
         return Snapshot(fetcher.items, dataset, state)
+
+    def _state_of(self, part: Any, name: str) -> Any:
+        """``part.state_dict()``. One that raises the first time it is asked cannot be called
+        as the protocol expects: like one that needs arguments (``_engine/counted.py``), it is
+        taken for a part without state from then on, said once, and iteration goes on as with
+        torch's loader, which never asks. Once it has answered, what it raises is the user's."""
+        if name in self._answered:
+            return part.state_dict()
+        refused = type(part) in _RAISED
+        try:
+            if refused:
+                raise _Refused
+            state = part.state_dict()
+        except Exception as exc:
+            if name == "dataset":
+                self._dataset_stateful = False
+            else:
+                self._stream_refused, self._stream_stateful = True, False
+            if refused:
+                return None
+            _RAISED.add(type(part))
+            warn_from_user_code(
+                f"{type(part).__name__}.state_dict() raised {type(exc).__name__}: {exc}. "
+                f"ferry takes no state of this {name} from now on and iterates it as torch's "
+                "DataLoader does; at load_state_dict it is resumed as a "
+                f"{name} without state (the keys go on, or the stream skips what it had "
+                "handed out).",
+                UserWarning,
+            )
+            return None
+        self._answered.add(name)
+        return state
 
     def live(self, fetcher: MapFetcher | IterableFetcher) -> WorkerCursor:
         """The position as it stands now, user states included (the main process's, which the

@@ -1,0 +1,1 @@
+"""Stand-in for torchvision.transforms (see the package's docstring)."""
