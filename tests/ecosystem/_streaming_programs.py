@@ -4,12 +4,13 @@ Every run starts with the torchvision stand-in first on ``sys.path`` (see
 tests/ecosystem/__init__.py): a spawned worker gets the same ``sys.path``, so it imports the
 stand-in too. Usage (the tests build these command lines)::
 
-    python _streaming_programs.py write LIBRARY DIR
+    python _streaming_programs.py write DIR
     python _streaming_programs.py orders LIBRARY DIR
     python _streaming_programs.py save LIBRARY DIR RUNS STATES
     python _streaming_programs.py load LIBRARY DIR RUNS STATES
 
-LIBRARY is ``mosaic`` (MosaicML Streaming), ``litdata``, or ``litdata-told`` (the dataset
+``write`` writes both libraries' datasets, into DIR/mosaic and DIR/litdata. LIBRARY is
+``mosaic`` (MosaicML Streaming), ``litdata``, or ``litdata-told`` (the dataset
 told the batch size, as litdata's own loader tells it). RUNS: comma-separated
 ``LOADER-WORKERS``, LOADER ``ferry`` or ``library`` (the library's own StreamingDataLoader).
 ``save`` runs an epoch, part of the next, saves the loader's state to STATES/RUN.json, then
@@ -177,13 +178,15 @@ def load(library: str, where: str, runs: list[str], states: str) -> dict[str, An
 
 
 def main(argv: list[str]) -> None:
+    if argv[0] == "write":
+        for library in ("mosaic", "litdata"):
+            write(library, str(Path(argv[1]) / library))
+        print('RESULT "written"', flush=True)
+        return
     mode, library, where, *rest = argv
     try:
-        if mode == "write":
-            write(library, where)
-            result: Any = "written"
-        elif mode == "orders":
-            result = orders(library, where)
+        if mode == "orders":
+            result: Any = orders(library, where)
         else:
             runs, states = rest
             result = (save if mode == "save" else load)(library, where, runs.split(","), states)

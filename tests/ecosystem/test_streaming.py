@@ -59,11 +59,8 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A dataset per library, written once for the module."""
     root = tmp_path_factory.mktemp("streaming")
     before = mosaic_shm()
-    paths = {}
-    for library in ("mosaic", "litdata"):
-        paths[library] = root / library
-        run("write", library, paths[library])
-    yield paths
+    run("write", root)
+    yield {library: root / library for library in ("mosaic", "litdata")}
     assert mosaic_shm() <= before, "MosaicML's shared memory was left in /dev/shm"
 
 
