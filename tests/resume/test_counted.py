@@ -192,3 +192,18 @@ def test_recognized_by_the_names_of_its_parameters() -> None:
     assert snapshots_itself(OptionalArguments())
     assert judge_dataset(OptionalArguments()).counted is None
     assert not snapshots_itself(LooksLikeMosaic())
+
+
+def test_map_style_resumes_with_another_worker_count() -> None:
+    """No state of the dataset is kept, so none ties the state to the number of workers."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = _batches(ferry.DataLoader(Squares(), batch_size=4))
+        loader = ferry.DataLoader(Squares(), batch_size=4, num_workers=2)
+        it = iter(loader)
+        seen = [next(it).tolist() for _ in range(3)]
+        state = loader.state_dict()
+        del it
+        resumed = ferry.DataLoader(Squares(), batch_size=4)
+        resumed.load_state_dict(state)
+        assert seen + _batches(resumed) == reference

@@ -22,6 +22,7 @@ from typing_extensions import assert_never
 
 from ferry._engine.aio import AsyncReads, is_async_dataset
 from ferry._engine.channels import WorkerGone, WorkerMessage
+from ferry._engine.counted import snapshots_itself
 from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor
 from ferry._engine.failures import SkipBudget
 from ferry._engine.fetch import DROPPED
@@ -30,7 +31,6 @@ from ferry._engine.group import (
 )
 from ferry._engine.incidents import Incidents
 from ferry._engine.iterator import LoaderIterator
-from ferry._engine.keys import stateful_part
 from ferry._engine.kinds import worker_kind
 from ferry._engine.messages import Done, Exhausted, Failed, FirstLook, Ready, Resume, Stack
 from ferry._engine.pin import PinJob, Pinner
@@ -90,7 +90,7 @@ class WorkerIterator(Incidents, ThreadMove, LoaderIterator):
         # keeps the keys it fetched since its last snapshot (fetched again on resume), and its
         # states as each epoch begins (see WorkerCursor.since).
         self._replays = (
-            self._kind.copies_dataset and not plan.iterable_style and stateful_part(plan.dataset)
+            self._kind.copies_dataset and not plan.iterable_style and snapshots_itself(plan.dataset)
         )
         # num_workers="auto": workers that each hold a copy of the dataset (processes), whose
         # reads wait or whose memory grows past what the system has, give way to threads

@@ -41,8 +41,8 @@ from ferry._core.memory import (
 )
 from ferry._engine.aio import is_async_dataset
 from ferry._engine.channels import Channel
+from ferry._engine.counted import snapshots_itself
 from ferry._engine.group import WorkerGroup, WorkerHandle
-from ferry._engine.keys import stateful_part
 from ferry._engine.kinds import ThreadWorkers, WorkerKind
 from ferry._engine.messages import Done
 from ferry._engine.plan import EpochPlan
@@ -124,7 +124,7 @@ class ThreadSwitch:
             and copies
             and not plan.iterable_style
             and not replays
-            and not stateful_part(plan.dataset)
+            and not snapshots_itself(plan.dataset)
             and not is_async_dataset(plan.dataset)
         )
         self.judge = WaitJudge(batches=plan.num_workers)
