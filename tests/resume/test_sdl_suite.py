@@ -17,11 +17,21 @@ they must do, and run through torchdata's ``StatefulDataLoader`` (SDL, the refer
   resumed loader's two next epochs must be epochs 3 and 4 of a loader built after the same
   ``torch.manual_seed``. The epoch after an ended one draws from the global RNG as it stood
   at the save (the ended epoch's draws are not made again).
+* ``TestSnapshotZero.test_map_iterrupted_shuffle``: a dataset that reads at random from the
+  global RNG, resumed from the start of the epoch and then again from 4 batches in.
+* ``TestSnapshotEnd.test_generator``: a generator stream whose dataset holds its position,
+  saved after the epoch, with persistent workers.
+* Two deliberate differences (docs/design/state.md): ``TestInitialState.test_init_error`` (a
+  ``worker_init_fn`` error is raised where torch raises it) and
+  ``TestSnapshotEnd.test_map_shuffle`` (``shuffle=True`` without a generator keeps torch's
+  order, drawn from the global RNG each epoch).
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
+import multiprocessing
 from typing import Any
 
 import pytest
@@ -53,6 +63,10 @@ class GlobalRngRecords(tud.Dataset[dict[str, Any]]):
         torch.set_rng_state(state["rng"])
 
 
+def plain(batches: list[torch.Tensor]) -> list[list[int]]:
+    return [batch.tolist() for batch in batches]
+
+
 def ids(batches: list[Any]) -> list[list[int]]:
     return [batch["id"].tolist() for batch in batches]
 
@@ -60,7 +74,7 @@ def ids(batches: list[Any]) -> list[list[int]]:
 def _loader(lib: str, workers: int, **options: Any) -> Any:
     if workers:
         options.update(num_workers=workers, multiprocessing_context="fork")
-    return LIBRARIES[lib](GlobalRngRecords(100), batch_size=1, **options)
+    return LIBRARIES[lib](GlobalRngRecords(40), batch_size=4, **options)
 
 
 def not_stateful_sampler(lib: str, workers: int, interrupt: int) -> list[list[list[int]]]:
@@ -210,3 +224,105 @@ def test_generator_stream_saved_after_its_epoch(persistent: bool) -> None:
         return got
 
     assert program("ferry") == program("sdl")
+
+
+class RandomPicks(GlobalRngRecords):
+    """Each read picks a random record, from torch's global RNG (the suite's shuffling map
+    dataset): what a batch holds depends on where that RNG stands."""
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return super().__getitem__(int(torch.randint(self.size, ()).item()))
+
+
+@pytest.mark.timeout(60)
+def test_interrupted_twice_from_the_start_of_an_epoch() -> None:
+    """``TestSnapshotZero.test_map_iterrupted_shuffle``, without workers: the state before the
+    first batch is loaded, 4 batches taken, the state taken again and loaded once more; the
+    epoch is the one the first loader handed out."""
+
+    def program(lib: str) -> tuple[list[list[int]], list[list[int]]]:
+        def build() -> Any:
+            return LIBRARIES[lib](RandomPicks(10), batch_size=1, shuffle=True)
+
+        first = build()
+        iterator = iter(first)
+        state = first.state_dict()
+        expected = ids(list(iterator))
+        second = build()
+        second.load_state_dict(state)
+        iterator = iter(second)
+        got = ids(list(itertools.islice(iterator, 4)))
+        state = second.state_dict()
+        third = build()
+        third.load_state_dict(state)
+        return expected, got + ids(list(third))
+
+    expected, got = program("sdl")
+    assert got == expected
+    expected, got = program("ferry")
+    assert got == expected
+
+
+# -- where ferry differs from SDL on purpose (docs/design/state.md) ------------------------------
+
+
+def failing_init(worker_id: int) -> None:
+    raise ValueError(f"worker_init_fn failed in worker {worker_id}")
+
+
+@pytest.mark.timeout(60)
+def test_worker_init_fn_error_is_raised_where_torch_raises_it() -> None:
+    """SDL's ``iter()`` waits for every worker's set-up and raises its error there
+    (``TestInitialState.test_init_error``); ferry raises it, with the same type, where torch
+    does: at the first batch that needs the worker, so ``iter()`` waits for no worker."""
+    sdl = StatefulDataLoader(
+        list(range(8)), num_workers=2, worker_init_fn=failing_init, multiprocessing_context="fork"
+    )
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="worker_init_fn failed"):
+        iter(sdl)
+    # SDL's half-made iterator does not stop the workers it started: this test does.
+    for process in set(multiprocessing.active_children()) - before:
+        process.terminate()
+        process.join(5)
+    loader = ferry.DataLoader(
+        list(range(8)), num_workers=2, worker_init_fn=failing_init, multiprocessing_context="fork"
+    )
+    iterator = iter(loader)
+    with pytest.raises(ValueError, match="worker_init_fn failed"):
+        next(iterator)
+    del iterator, loader
+    gc.collect()
+
+
+@pytest.mark.timeout(60)
+def test_epoch_after_an_ended_one_shuffles_from_the_global_rng() -> None:
+    """``shuffle=True`` without a generator, saved after an epoch, resumed by a new loader
+    after the first went on (``TestSnapshotEnd.test_map_shuffle``). SDL's default sampler
+    draws from a generator of its own, seeded once at construction, so its next epoch is the
+    uninterrupted one's; ferry's order is torch's, which draws each epoch's shuffle from torch's
+    global RNG: the resumed epoch is what a fresh loader draws from the global RNG as it stands.
+    With ``generator=`` the loader's state covers it, and the epoch is the uninterrupted one."""
+
+    def build(generator: torch.Generator | None = None) -> ferry.DataLoader[Any]:
+        return ferry.DataLoader(list(range(20)), batch_size=4, shuffle=True, generator=generator)
+
+    torch.manual_seed(0)
+    first = build()
+    list(first)
+    state = first.state_dict()
+    list(first)
+    now = torch.get_rng_state()
+    resumed = build()
+    resumed.load_state_dict(state)
+    got = plain(list(resumed))
+    torch.set_rng_state(now)
+    assert got == plain(list(build()))
+
+    owned = build(torch.Generator().manual_seed(3))
+    list(owned)
+    state = owned.state_dict()
+    expected = plain(list(owned))
+    again = build(torch.Generator().manual_seed(99))
+    again.load_state_dict(state)
+    assert plain(list(again)) == expected
