@@ -473,3 +473,160 @@ def test_a_loader_rebuilt_from_its_attributes_keeps_ferrys_options() -> None:
     assert rebuilt.batch_size == 4
     assert rebuilt.batch_sampler.sampler is sampler
     assert [b[0].tolist() for b in rebuilt] == [[1.0, 3.0, 5.0, 7.0], [9.0]]
+
+
+# -- the other direction: ferry's names accept torch's objects -----------------------------------
+
+# Every public class of ferry with a counterpart in torch.utils.data (the iterators are not public).
+PUBLIC_PAIRS = {name: pair for name, pair in PAIRS.items() if not name.endswith("Iterator")}
+
+
+def _torch_objects() -> dict[str, Any]:
+    """One object of each public torch class, made by torch (as libraries make them)."""
+    x = torch.arange(12.0).view(6, 2)
+    data = tud.TensorDataset(x)
+
+    class Stream(tud.IterableDataset[int]):
+        def __iter__(self) -> Iterator[int]:
+            return iter(range(3))
+
+    return {
+        "BatchSampler": tud.BatchSampler(range(5), 2, False),
+        "ChainDataset": tud.ChainDataset([]),
+        "ConcatDataset": tud.ConcatDataset([data, data]),
+        "DataLoader": tud.DataLoader(data, batch_size=2),
+        "Dataset": tud.Subset(data, [0]),
+        "DistributedSampler": TorchDistributedSampler(data, num_replicas=2, rank=0),
+        "IterableDataset": Stream(),
+        "RandomSampler": tud.RandomSampler(data),
+        "Sampler": tud.SequentialSampler(data),
+        "SequentialSampler": tud.SequentialSampler(data),
+        "StackDataset": tud.StackDataset(data, data),
+        "Subset": tud.Subset(data, [0, 2]),
+        "SubsetRandomSampler": tud.SubsetRandomSampler([1, 2]),
+        "TensorDataset": data,
+        "WeightedRandomSampler": tud.WeightedRandomSampler([0.5, 0.5], 4),
+    }
+
+
+def test_every_public_class_with_a_torch_counterpart_is_paired() -> None:
+    torch_names = {n for n in dir(tud) if isinstance(getattr(tud, n), type)}
+    public = {n for n in ferry.__all__ if isinstance(getattr(ferry, n), type)}
+    assert {n for n in public if n in torch_names} | {"DistributedSampler"} == set(PUBLIC_PAIRS)
+    assert set(_torch_objects()) == set(PUBLIC_PAIRS)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_PAIRS))
+def test_ferrys_name_accepts_torchs_objects_and_classes(name: str) -> None:
+    """A program that imports the name from ferry sees the objects libraries make from torch's
+    classes (Lightning's DistributedSampler, accelerate's loaders, HF's IterableDataset) as it
+    did: ``isinstance``/``issubclass`` hold both ways, for instances and subclasses."""
+    ferry_class, torch_class = PUBLIC_PAIRS[name]
+    torch_object = _torch_objects()[name]
+    assert isinstance(torch_object, ferry_class)
+    assert issubclass(torch_class, ferry_class)
+    assert issubclass(type("Library", (torch_class,), {}), ferry_class)
+    # and what was true before still is: ferry's classes are torch's
+    assert issubclass(ferry_class, torch_class)
+    assert issubclass(type("Users", (ferry_class,), {}), torch_class)
+    # nothing of ferry's is in a torch object's class
+    assert not any(c.__module__.startswith("ferry") for c in type(torch_object).__mro__)
+
+
+def test_only_what_torchs_name_accepts_is_accepted() -> None:
+    data = tud.TensorDataset(torch.arange(4.0))
+    assert not isinstance(tud.RandomSampler(data), ferry.SequentialSampler)
+    assert not isinstance(data, ferry.IterableDataset)
+    assert not issubclass(tud.Dataset, ferry.IterableDataset)
+    assert not isinstance(object(), ferry.Dataset)
+    assert not isinstance(range(3), ferry.Sampler)
+    # (torch's IterableDataset is an ABC whose check asks its subclasses: no recursion)
+    assert not issubclass(int, ferry.IterableDataset)
+    assert not issubclass(int, tud.IterableDataset)
+
+    # A user's subclass of a ferry class is exact: torch's objects are not of it.
+    class Mine(ferry.SequentialSampler):
+        pass
+
+    assert not isinstance(tud.SequentialSampler(data), Mine)
+    assert not issubclass(tud.SequentialSampler, Mine)
+    assert isinstance(Mine(data), tud.SequentialSampler)
+    assert isinstance(Mine(data), ferry.SequentialSampler)
+
+
+def test_subclasses_mix_as_with_torchs_classes() -> None:
+    """ferry's classes are ABCs (as torch's IterableDataset is): abc.ABC, collections.abc
+    and Protocol classes mix in, Generic subscripting works, objects pickle."""
+    import abc
+    import pickle
+    from collections.abc import Sequence
+    from typing import Protocol
+
+    class Base(ferry.Dataset[int], abc.ABC):
+        @abc.abstractmethod
+        def load(self) -> int: ...
+
+    class Rows(ferry.Dataset[int], Sequence[int]):
+        def __getitem__(self, index: Any) -> Any:
+            return [0, 1, 2][index]
+
+        def __len__(self) -> int:
+            return 3
+
+    class Sized(Protocol):
+        def __len__(self) -> int: ...
+
+    class Described(ferry.Sampler[int], Sized):
+        def __iter__(self) -> Iterator[int]:
+            return iter(range(2))
+
+        def __len__(self) -> int:
+            return 2
+
+    with pytest.raises(TypeError, match="abstract"):
+        Base()  # type: ignore[abstract]
+    assert list(Rows()) == [0, 1, 2]
+    assert list(Described()) == [0, 1]
+    assert ferry.Dataset[int].__origin__ is ferry.Dataset  # type: ignore[attr-defined]
+    again = pickle.loads(pickle.dumps(ferry.TensorDataset(torch.arange(3.0))))
+    assert type(again) is ferry.TensorDataset
+    assert torch.equal(again.tensors[0], torch.arange(3.0))
+
+
+def test_ferrys_own_checks_stay_exact() -> None:
+    """Where ferry reads its own attributes or relies on its own code, a torch object is not
+    taken for a ferry one (it is run as torch's object, with torch's sequence)."""
+    from ferry._sampler_keys import index_batches, index_chunks, is_builtin_sampler
+    from ferry._torch_types import is_ferry_instance
+    from ferry.datasets import tensor_gather
+
+    data = tud.TensorDataset(torch.arange(10.0))
+    for sampler in (
+        tud.SequentialSampler(data),
+        tud.RandomSampler(data),
+        tud.SubsetRandomSampler([1, 2]),
+        tud.WeightedRandomSampler([1.0] * 10, 4),
+        TorchDistributedSampler(data, num_replicas=2, rank=0),
+    ):
+        assert not is_builtin_sampler(sampler)
+        assert index_chunks(sampler) is None
+    assert not is_ferry_instance(tud.SequentialSampler(data), ferry.SequentialSampler)
+    assert is_ferry_instance(ferry.SequentialSampler(data), ferry.SequentialSampler)
+    assert index_batches(_TorchBatches(tud.SequentialSampler(data), 3, False)) is None
+    assert tensor_gather(data) is None
+    assert tensor_gather(tud.Subset(ferry.TensorDataset(torch.arange(4.0)), [1])) is None
+    assert tensor_gather(ferry.TensorDataset(torch.arange(4.0))) is not None
+    # The loader runs torch's samplers as torch's loader does.
+    for make in (
+        lambda: tud.RandomSampler(data, generator=torch.Generator().manual_seed(5)),
+        lambda: tud.WeightedRandomSampler(
+            [1.0] * 10, 6, generator=torch.Generator().manual_seed(5)
+        ),
+    ):
+        got = [b[0].tolist() for b in ferry.DataLoader(data, batch_size=4, sampler=make())]
+        want = [b[0].tolist() for b in tud.DataLoader(data, batch_size=4, sampler=make())]
+        assert got == want
+
+
+class _TorchBatches(tud.BatchSampler):
+    """A library's batch sampler: torch's, by subclass (not a record of the exact class)."""

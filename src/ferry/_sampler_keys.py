@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ferry._batching import is_batch_record, rebatch
+from ferry._torch_types import is_ferry_instance
 from ferry.samplers import (
     _REPLACEMENT_DRAW,
     _SEQUENTIAL_CHUNK,
@@ -43,9 +44,15 @@ def is_builtin_sampler(sampler: object) -> bool:
     ``__iter__`` decides its keys itself)."""
     iter_fn = getattr(type(sampler), "__iter__", None)
     return (
-        (isinstance(sampler, SequentialSampler) and iter_fn is SequentialSampler.__iter__)
-        or (isinstance(sampler, TensorChunkSampler) and iter_fn is TensorChunkSampler.__iter__)
-        or (isinstance(sampler, SubsetRandomSampler) and iter_fn is SubsetRandomSampler.__iter__)
+        (is_ferry_instance(sampler, SequentialSampler) and iter_fn is SequentialSampler.__iter__)
+        or (
+            is_ferry_instance(sampler, TensorChunkSampler)
+            and iter_fn is TensorChunkSampler.__iter__
+        )
+        or (
+            is_ferry_instance(sampler, SubsetRandomSampler)
+            and iter_fn is SubsetRandomSampler.__iter__
+        )
     )
 
 
@@ -53,7 +60,7 @@ def is_builtin_batch_sampler(batch_sampler: object) -> bool:
     """Whether ``batch_sampler`` batches as :class:`BatchSampler` does: a record of torch's
     exact class, or ferry's class (a subclass that keeps ferry's ``__iter__``)."""
     return is_batch_record(batch_sampler) or (
-        isinstance(batch_sampler, BatchSampler)
+        is_ferry_instance(batch_sampler, BatchSampler)
         and type(batch_sampler).__iter__ is BatchSampler.__iter__
     )
 
@@ -65,7 +72,7 @@ def index_chunks(sampler: object, run: SamplerRun | None = None) -> Iterator[tor
     until the first chunk is asked for. A subclass that overrides ``__iter__`` decides its keys
     itself, so it gets None. ``run`` starts (or resumes) the iteration.
     """
-    if not is_builtin_sampler(sampler) or isinstance(sampler, SubsetRandomSampler):
+    if not is_builtin_sampler(sampler) or is_ferry_instance(sampler, SubsetRandomSampler):
         return None
     assert isinstance(sampler, (SequentialSampler, TensorChunkSampler))
     return sampler._run_chunks(run if run is not None else SamplerRun())
@@ -97,9 +104,9 @@ def first_draw_bytes(sampler: object) -> int | None:
     if not is_builtin_sampler(sampler):
         return None
     assert isinstance(sampler, Sized)
-    if isinstance(sampler, SequentialSampler):
+    if is_ferry_instance(sampler, SequentialSampler):
         keys = min(len(sampler), _SEQUENTIAL_CHUNK)
-    elif isinstance(sampler, RandomSampler) and sampler.replacement:
+    elif is_ferry_instance(sampler, RandomSampler) and sampler.replacement:
         keys = _REPLACEMENT_DRAW
     else:
         keys = len(sampler)

@@ -33,6 +33,8 @@ from ferry._torch_types import (
     TorchStackDataset,
     TorchSubset,
     TorchTensorDataset,
+    TorchTwin,
+    is_ferry_instance,
 )
 from ferry.collate import RowBatch
 
@@ -54,7 +56,7 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 
-class Dataset(TorchDataset[T_co]):
+class Dataset(TorchTwin, TorchDataset[T_co], twin=TorchDataset):
     """Base of map-style datasets: keys (usually ``0..len-1``) map to samples.
 
     A subclass of ``torch.utils.data.Dataset`` (so ``isinstance`` checks written for torch accept
@@ -84,7 +86,7 @@ class Dataset(TorchDataset[T_co]):
         return ConcatDataset([self, other])
 
 
-class IterableDataset(Dataset[T_co], TorchIterableDataset[T_co]):
+class IterableDataset(Dataset[T_co], TorchIterableDataset[T_co], twin=TorchIterableDataset):
     """Base of iterable-style datasets: a stream of samples from ``__iter__``.
 
     ``__iter__`` is abstract: a subclass without it cannot be instantiated. With several
@@ -117,7 +119,7 @@ def fetch_many(dataset: Any, indices: Sequence[Any]) -> Sequence[Any]:
     return [dataset[i] for i in indices]
 
 
-class TensorDataset(Dataset[tuple[torch.Tensor, ...]], TorchTensorDataset):
+class TensorDataset(Dataset[tuple[torch.Tensor, ...]], TorchTensorDataset, twin=TorchTensorDataset):
     """Rows of tensors that share their first dimension: sample ``i`` is ``(t[i] for t)``.
 
     A batch is gathered with one indexing call per tensor, not one per row.
@@ -154,7 +156,7 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]], TorchTensorDataset):
         return tuple(t[index] for t in self.tensors)
 
 
-class StackDataset(Dataset[T_co], TorchStackDataset[Any]):
+class StackDataset(Dataset[T_co], TorchStackDataset[Any], twin=TorchStackDataset):
     """Samples of several same-length datasets side by side.
 
     Positional datasets give tuple samples, keyword datasets give dict samples.
@@ -214,7 +216,7 @@ class StackDataset(Dataset[T_co], TorchStackDataset[Any]):
         return self._length
 
 
-class ConcatDataset(Dataset[T_co], TorchConcatDataset[T_co]):
+class ConcatDataset(Dataset[T_co], TorchConcatDataset[T_co], twin=TorchConcatDataset):
     """Several map-style datasets read one after another; negative indices count from the end."""
 
     datasets: list[Any]
@@ -285,7 +287,7 @@ class ConcatDataset(Dataset[T_co], TorchConcatDataset[T_co]):
         return out
 
 
-class ChainDataset(IterableDataset, TorchChainDataset):  # type: ignore[type-arg]
+class ChainDataset(IterableDataset, TorchChainDataset, twin=TorchChainDataset):  # type: ignore[type-arg]
     """Several iterable-style datasets streamed one after another."""
 
     datasets: Iterable[Any]
@@ -310,7 +312,7 @@ class ChainDataset(IterableDataset, TorchChainDataset):  # type: ignore[type-arg
         return sum(len(d) for d in self._checked())
 
 
-class Subset(Dataset[T_co], TorchSubset[T_co]):
+class Subset(Dataset[T_co], TorchSubset[T_co], twin=TorchSubset):
     """The samples of ``dataset`` at ``indices``, in that order."""
 
     dataset: Any
@@ -369,12 +371,12 @@ def tensor_gather(dataset: object) -> Callable[[torch.Tensor], tuple[torch.Tenso
     is not overridden by a subclass: the gathered columns are then exactly the default-collated
     batch of the rows at those indices.
     """
-    if isinstance(dataset, TensorDataset):
+    if is_ferry_instance(dataset, TensorDataset):
         plain = not _overrides_getitem(dataset, TensorDataset)
         plain = plain and type(dataset).__getitems__ is TensorDataset.__getitems__
         return dataset._ferry_gather if plain and dataset.tensors else None
     if (
-        isinstance(dataset, Subset)
+        is_ferry_instance(dataset, Subset)
         and not _overrides_getitem(dataset, Subset)
         and type(dataset).__getitems__ is Subset.__getitems__
         and tensor_gather(dataset.dataset) is not None

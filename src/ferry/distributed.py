@@ -80,7 +80,9 @@ def _required_from_group(option: str) -> tuple[int, int]:
     )
 
 
-class DistributedSampler(_IterationState, TensorChunkSampler, TorchDistributedSampler[int]):
+class DistributedSampler(
+    _IterationState, TensorChunkSampler, TorchDistributedSampler[int], twin=TorchDistributedSampler
+):
     """Yields the part of a map-style dataset's indices that belongs to one rank.
 
     The indices ``0 .. len(dataset) - 1`` (shuffled with a generator seeded with

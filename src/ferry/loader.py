@@ -21,7 +21,7 @@ from ferry._engine.pin import accelerator_available, accelerator_type
 from ferry._engine.plan import EpochPlan
 from ferry._engine.resume import Resumer, fit_workers
 from ferry._sampling import resolve_sampling
-from ferry._torch_types import TorchDataLoader
+from ferry._torch_types import TorchDataLoader, TorchTwin
 from ferry._validate import (
     NO_ACCELERATOR,
     PIN_ON_MPS,
@@ -49,7 +49,7 @@ _FROZEN_AFTER_INIT = frozenset(
 )
 
 
-class DataLoader(TorchDataLoader[T_co]):
+class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
     """Iterates over a dataset in batches, in the main process or in worker processes/threads.
 
     Same signature, defaults, validation and sample order as ``torch.utils.data.DataLoader``,
@@ -355,7 +355,9 @@ class DataLoader(TorchDataLoader[T_co]):
 
         Libraries reset a loader by setting this to None (Lightning does at the end of every
         fit/validate/test/predict): that stops the kept workers now and the next ``iter()``
-        starts afresh. Setting it to another iterator stops the old one's workers too.
+        starts afresh. Setting it to another iterator stops the old one's workers too. An
+        iterator ferry did not make (one a ``_get_iterator`` override returned) is let go as
+        torch lets it go, and stops when its own code says.
         """
         return self._live_iterator
 
@@ -367,14 +369,16 @@ class DataLoader(TorchDataLoader[T_co]):
         old = self.__dict__.get("_live_iterator")
         self._live_iterator = iterator
         if old is not None and old is not iterator:
-            # ferry's own iterator, or the one an override's iterator wraps; any other that
-            # has workers is stopped as torch's loader code would (Lightning calls it too).
+            # ferry's own iterator (or the one an override's iterator wraps) stops its workers
+            # now. Any other is only let go, as torch's loader lets its iterator go: that
+            # iterator's code decides when its workers stop (torch's when it is collected;
+            # Lightning stops them itself before it sets None), and asking again here would
+            # stop it twice, which code that counts its shutdowns sees.
             made = self._wrapped.pop(id(old), None)
+            if made is None and isinstance(old, LoaderIterator):
+                made = old
             if made is not None and made is not iterator:
                 made._shutdown_workers()
-            shutdown = getattr(old, "_shutdown_workers", None)
-            if callable(shutdown):
-                shutdown()
 
     def _get_iterator(self) -> LoaderIterator:
         """A new iterator over this loader (torch's hook: ``iter()`` asks it, so a subclass may

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ferry._batching import batch_record, batched, batches_in, is_batch_record
+from ferry._batching import batch_record, batched, batches_in
 from ferry._core.rng import generator_state
 from ferry._sampler_state import (
     SamplerRun,
@@ -40,7 +40,9 @@ from ferry._torch_types import (
     TorchSampler,
     TorchSequentialSampler,
     TorchSubsetRandomSampler,
+    TorchTwin,
     TorchWeightedRandomSampler,
+    is_ferry_instance,
 )
 from ferry._validate import check_bool, check_positive_int
 
@@ -68,12 +70,12 @@ def pending_start(sampler: object) -> dict[str, Any] | None:
     state of its own generator. None when the next iteration draws from torch's global RNG
     (whose state is the user's to restore)."""
     generator = getattr(sampler, "generator", None)
-    if isinstance(generator, torch.Generator) and not isinstance(sampler, SequentialSampler):
+    if isinstance(generator, torch.Generator) and not is_ferry_instance(sampler, SequentialSampler):
         return {"generator": generator_state(generator)}
     return None
 
 
-class Sampler(TorchSampler[T_co]):
+class Sampler(TorchTwin, TorchSampler[T_co], twin=TorchSampler):
     """Base class of samplers: an iterable of dataset keys (or of batches of keys).
 
     A subclass of ``torch.utils.data.Sampler`` (so ``isinstance`` checks written for torch accept
@@ -146,7 +148,7 @@ class TensorChunkSampler(Sampler[int]):
         return skip_chunks(self._index_chunks(), run.skip)
 
 
-class SequentialSampler(Sampler[int], TorchSequentialSampler):
+class SequentialSampler(Sampler[int], TorchSequentialSampler, twin=TorchSequentialSampler):
     """Yields ``0, 1, ..., len(data_source) - 1``."""
 
     data_source: Sized
@@ -175,7 +177,9 @@ class SequentialSampler(Sampler[int], TorchSequentialSampler):
         return iter(range(min(run.skip, len(self.data_source)), len(self.data_source)))
 
 
-class RandomSampler(_GeneratorState, TensorChunkSampler, TorchRandomSampler):
+class RandomSampler(
+    _GeneratorState, TensorChunkSampler, TorchRandomSampler, twin=TorchRandomSampler
+):
     """Yields indices in random order: a permutation, or draws with replacement.
 
     Without replacement, ``num_samples`` larger than the dataset yields whole permutations one
@@ -249,7 +253,9 @@ class RandomSampler(_GeneratorState, TensorChunkSampler, TorchRandomSampler):
         yield torch.randperm(n, generator=generator)[: count % n]
 
 
-class SubsetRandomSampler(_GeneratorState, Sampler[Any], TorchSubsetRandomSampler):
+class SubsetRandomSampler(
+    _GeneratorState, Sampler[Any], TorchSubsetRandomSampler, twin=TorchSubsetRandomSampler
+):
     """Yields the given indices in random order (without replacement).
 
     Stateful, as torchdata's samplers are: :meth:`state_dict` is ``{"yielded": k,
@@ -291,7 +297,9 @@ class SubsetRandomSampler(_GeneratorState, Sampler[Any], TorchSubsetRandomSample
         return len(self.indices)
 
 
-class WeightedRandomSampler(_GeneratorState, TensorChunkSampler, TorchWeightedRandomSampler):
+class WeightedRandomSampler(
+    _GeneratorState, TensorChunkSampler, TorchWeightedRandomSampler, twin=TorchWeightedRandomSampler
+):
     """Yields ``num_samples`` indices in ``[0, len(weights))`` drawn with the given weights.
 
     Weights need not sum to one. Without replacement an index is drawn at most once, so
@@ -346,17 +354,7 @@ class WeightedRandomSampler(_GeneratorState, TensorChunkSampler, TorchWeightedRa
         yield drawn[run.skip :]
 
 
-class _BatchSamplerType(type):
-    """``isinstance(x, ferry.BatchSampler)`` holds for the records ``ferry.BatchSampler(...)``
-    gives (objects of torch's exact class), as for ferry's subclasses."""
-
-    def __instancecheck__(cls, instance: object) -> bool:
-        if cls is BatchSampler and is_batch_record(instance):
-            return True
-        return super().__instancecheck__(instance)
-
-
-class BatchSampler(Sampler[list[Any]], TorchBatchSampler, metaclass=_BatchSamplerType):
+class BatchSampler(Sampler[list[Any]], TorchBatchSampler, twin=TorchBatchSampler):
     """Groups the keys of another sampler (or any iterable) into lists of ``batch_size``.
 
     The last, shorter batch is kept unless ``drop_last`` is true.

@@ -27,7 +27,7 @@ from ferry._cli import (
     require_matplotlib,
     seconds,
 )
-from ferry._torch_types import TorchDataLoader
+from ferry._torch_types import TorchDataLoader, is_ferry_instance
 from ferry._validate import available_cpus
 from ferry.doctor.advice import Findings, advise, worth_probing_threads
 from ferry.doctor.measure import EmptyLoader, cuda_transfer, measure, probe_threads
@@ -183,7 +183,7 @@ def diagnose(loader: Any, spec: str, args: argparse.Namespace, console: Console)
     transfer = cuda_transfer()
     options = loader_options(loader)
     torch_run, label = None, "measuring the loader"
-    if not isinstance(loader, DataLoader):
+    if not is_ferry_instance(loader, DataLoader):
         torch_run = measure(
             loader, "measuring the torch loader", bound, console, step_s=step_s, transfer=transfer
         )

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ferry._cli import batch_nbytes
+from ferry._torch_types import is_ferry_instance
 from ferry.doctor.options import build_loader, with_changes
 from ferry.doctor.progress import Bound, Console
 from ferry.loader import DataLoader
@@ -161,7 +162,7 @@ def measure(
 
     Raises :class:`EmptyLoader` when it yields nothing, and whatever the loader raises.
     """
-    with_stats = isinstance(loader, DataLoader)
+    with_stats = is_ferry_instance(loader, DataLoader)
     if loader.persistent_workers and loader.num_workers > 0:
         _start_persistent_workers(loader)
     warmup = max(1, loader.num_workers)
