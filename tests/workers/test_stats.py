@@ -117,22 +117,61 @@ def test_stream(engine: str) -> None:
     consistent(loader.stats(), len(batches))
 
 
+class Counted(ferry.Dataset[torch.Tensor]):
+    """Counts each sample's fetches in ``counts``, a tensor in shared memory: the test sees what
+    process workers fetched."""
+
+    def __init__(self, counts: torch.Tensor) -> None:
+        self.counts = counts
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.counts[index] += 1
+        return torch.full((64,), index)
+
+
+# After the workers fetched a batch, what its hand-off (collate, send, the main process's
+# receipt) may take on a machine loaded 4 times over: a few milliseconds unloaded.
+HAND_OFF_MARGIN_S = 0.03
+
+
+def slower_than_the_loader(counts: torch.Tensor, position: int, epoch: int) -> None:
+    """A training step over batch ``position`` (batches of 2 samples, ``counts`` from
+    :class:`Counted`) that ends only once the workers have fetched the next two batches, and
+    their hand-off had time to end."""
+    coming = counts[2 * position + 2 : 2 * position + 6]
+    deadline = time.monotonic() + 10.0
+    while len(coming) and int(coming.min()) <= epoch:
+        assert time.monotonic() < deadline, f"the workers fetched {counts.tolist()}"
+        time.sleep(0.001)
+    time.sleep(HAND_OFF_MARGIN_S)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("engine", FAST)
 def test_slow_training_loop_finds_batches_ready(engine: str) -> None:
-    """A loop slower than the loader finds its batches waiting: the loader is ahead. (The
-    second epoch of persistent workers: the first one's wait for the workers to start could
-    be a tenth of so short an epoch.)"""
+    """A loop slower than the loader finds its batches waiting: the loader is ahead. The loop
+    is slower by construction, not by a guess at how fast the workers run: each step waits
+    until the workers have fetched the next two batches, then for their hand-off, so a loaded
+    machine, which slows the workers too, cannot turn the verdict. (The second epoch of
+    persistent workers: the first one's wait for the workers to start could be a tenth of so
+    short an epoch.)"""
+    counts = torch.zeros(32, dtype=torch.int32).share_memory_()
     loader = ferry.DataLoader(
-        SlowFetch(32, 0.0), batch_size=2, persistent_workers=True, **options(engine)
+        Counted(counts), batch_size=2, persistent_workers=True, **options(engine)
     )
-    for _ in range(2):
-        for _ in loader:
-            time.sleep(0.01)
-    stats = loader.stats()
+    try:
+        for epoch in range(2):
+            for position, _ in enumerate(loader):
+                slower_than_the_loader(counts, position, epoch)
+        stats = loader.stats()
+    finally:
+        loader._iterator = None  # the persistent workers stop now, whether it passed or not
     consistent(stats, 16)
-    assert stats.ready > stats.waited
-    assert stats.bottleneck == "training loop"
+    assert stats.ready > stats.waited, stats
+    assert stats.bottleneck == "training loop", stats
 
 
 @pytest.mark.timeout(60)
@@ -140,12 +179,13 @@ def test_slow_training_loop_finds_batches_ready(engine: str) -> None:
 def test_start_up_is_its_own_figure(engine: str) -> None:
     """The wait for the first batch (workers starting) is reported apart and left out of the
     bottleneck: a short epoch behind a slow loop is not 'loader-bound' for its start-up."""
-    loader = ferry.DataLoader(SlowFetch(32, 0.0), batch_size=2, **options(engine))
+    counts = torch.zeros(32, dtype=torch.int32).share_memory_()
+    loader = ferry.DataLoader(Counted(counts), batch_size=2, **options(engine))
     time.sleep(0.05)  # iter() is not called yet: this is not in the epoch
     iterator = iter(loader)
     time.sleep(0.05)  # between iter() and the first next(): start-up, not waited
-    for _ in iterator:
-        time.sleep(0.01)
+    for position, _ in enumerate(iterator):
+        slower_than_the_loader(counts, position, 0)  # (a loaded machine cannot turn the verdict)
     stats = loader.stats()
     assert 0 < stats.first_wait_s < stats.first_batch_s, stats
     assert stats.first_batch_s >= 0.05, stats
