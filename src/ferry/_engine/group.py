@@ -26,6 +26,7 @@ import gc
 import os
 import pickle
 import queue
+import signal
 import threading
 import time
 import warnings
@@ -234,19 +235,45 @@ class WorkerGroup(Generic[H]):
         self.closed = True
         self.stopping.set()
         exiting = interpreter_exiting()
-        if self.pinner is not None:
-            self.pinner.close()
-        deadline = self.stop_workers(self, exiting)
-        for worker in self.replaced:
-            worker.slabs.close()
-        if self.reads is not None:  # after the workers: no read is asked for any more
-            self.reads.close(max(0.0, deadline - time.monotonic()))
+        with _deaf_to_interrupts(exiting):
+            if self.pinner is not None:
+                self.pinner.close()
+            deadline = self.stop_workers(self, exiting)
+            for worker in self.replaced:
+                worker.slabs.close()
+            if self.reads is not None:  # after the workers: no read is asked for any more
+                self.reads.close(max(0.0, deadline - time.monotonic()))
 
 
 def interpreter_exiting() -> bool:
     """Whether the interpreter is exiting (an uncaught KeyboardInterrupt, or the script's end):
     threading marks the main thread ended before atexit runs the iterators' finalizers."""
     return not threading.main_thread().is_alive()
+
+
+@contextlib.contextmanager
+def _deaf_to_interrupts(exiting: bool) -> Iterator[None]:
+    """At interpreter exit, SIGINT is ignored while ferry stops its workers.
+
+    Ctrl-C often comes twice in quick succession (a terminal's to the whole process group, then
+    ``timeout -s INT`` passing it on to the main process): the first ends the program, and the
+    second, landing in this cleanup, would raise KeyboardInterrupt in an atexit callback. Python
+    then prints "Exception ignored in ..." with a second traceback, and the cleanup is cut short.
+    The program is ending already and every step here has its deadline (about two seconds for
+    processes, ``_JOIN_THREADS_AT_EXIT`` for threads), so nothing is lost by not listening.
+    Only the main thread can set a handler; elsewhere, and outside exit, this does nothing."""
+    if not exiting or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):  # not the main interpreter: leave it be
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _none_started(group: WorkerGroup[Any], exiting: bool) -> float:
@@ -446,13 +473,14 @@ _thread_groups: weakref.WeakSet[WorkerGroup[ThreadHandle]] = weakref.WeakSet()
 def _join_thread_workers_at_exit() -> None:
     """Let thread workers finish their current fetch before the interpreter finalizes."""
     deadline = time.monotonic() + _JOIN_THREADS_AT_EXIT
-    for group in list(_thread_groups):
-        group.stopping.set()
-        for worker in group.workers:
-            if worker.thread.is_alive():
-                with contextlib.suppress(Exception):
-                    worker.send(Stop())
-                worker.thread.join(max(0.0, deadline - time.monotonic()))
+    with _deaf_to_interrupts(interpreter_exiting()):
+        for group in list(_thread_groups):
+            group.stopping.set()
+            for worker in group.workers:
+                if worker.thread.is_alive():
+                    with contextlib.suppress(Exception):
+                        worker.send(Stop())
+                    worker.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def start_threads(
