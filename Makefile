@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test test-fast lint typecheck unit bench bench-quick bench-io bench-scaling clean
+.PHONY: test test-fast test-nonumpy lint typecheck unit bench bench-quick bench-io bench-scaling clean
 
 # The interpreter is checked before anything is made. A .venv without .installed is what a
 # failed or interrupted set-up left: it is made afresh. A failed first install removes .venv.
@@ -37,7 +37,21 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider
 
-test: lint typecheck unit
+test: lint typecheck unit test-nonumpy
+
+# numpy is optional: the loader, sampler and resume tests, the worker tests of seeding, restarts,
+# skips, options, threads and hand-off (those not marked slow), and the README's Quickstart
+# (tests/test_no_numpy.py) run where numpy cannot be imported. The blocker,
+# tests/_support/no_numpy/sitecustomize.py, runs as each interpreter starts, before torch;
+# worker processes and subprocesses inherit it through PYTHONPATH. About a minute on 2 cores.
+NONUMPY_TESTS := tests/test_no_numpy.py tests/test_loader.py tests/test_samplers.py \
+  tests/test_sampler_state.py tests/resume tests/workers/test_info.py \
+  tests/workers/test_restarts.py tests/workers/test_skip.py tests/workers/test_options.py \
+  tests/workers/test_threads.py tests/workers/test_zero_copy.py
+test-nonumpy: $(VENV)/.installed
+	PYTHONPATH=$(CURDIR)/tests/_support/no_numpy FERRY_TESTS_WITHOUT_NUMPY=1 \
+	  $(PY) -m pytest -q -p no:cacheprovider -m "not slow" --ignore=tests/resume/test_rng.py \
+	  $(NONUMPY_TESTS)
 
 # The fast loop: lint, types, and the tests not marked slow (the slow suites are listed in
 # tests/conftest.py); CI and `make test` run them all.

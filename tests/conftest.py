@@ -9,6 +9,7 @@ and fails the leaking test so the leak gets fixed. Modules opt in with
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import torch
 from torch.utils.data._utils.collate import default_collate_fn_map as torch_collate_fn_map
 
+from _support.numpy_run import HAS_NUMPY, NO_NUMPY_REASON, NO_NUMPY_RUN
 from _support.skip_guard import AllowedSkip, SkipGuard
 from ferry.collate import default_collate_fn_map as ferry_collate_fn_map
 
@@ -112,7 +114,21 @@ DECLARED_SKIPS = (
         "containers and unprivileged users are not allowed",
     ),
 )
+if NO_NUMPY_RUN:  # make test-nonumpy: numpy is made unimportable on purpose
+    DECLARED_SKIPS += (
+        AllowedSkip(
+            "no numpy (make test-nonumpy)",
+            re.escape(NO_NUMPY_REASON),
+            "the run without numpy checks that ferry needs none; tests about numpy itself "
+            "(its generator's seeding and state) run in the main run",
+        ),
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if NO_NUMPY_RUN and HAS_NUMPY:
+        raise pytest.UsageError(
+            "FERRY_TESTS_WITHOUT_NUMPY=1, but numpy imports: put tests/_support/no_numpy first "
+            "on PYTHONPATH (make test-nonumpy does)"
+        )
     config.pluginmanager.register(SkipGuard(DECLARED_SKIPS), "ferry-skip-guard")

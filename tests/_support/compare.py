@@ -23,7 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # the run without numpy (make test-nonumpy): no value is an array there
+    np = None  # type: ignore[assignment]
 import torch
 import torch.utils.data as tud
 from hypothesis import HealthCheck, Phase, settings
@@ -47,6 +50,11 @@ HYPOTHESIS = settings(
 Names = tuple[str, str]
 """What the compared values are, in messages: by default torch's (expected) and ferry's."""
 ORACLE: Names = ("torch", "ferry")
+
+
+# numpy's array and scalar types, or none where numpy is not importable.
+ARRAYS: tuple[type, ...] = () if np is None else (np.ndarray,)
+NUMPY_SCALARS: tuple[type, ...] = () if np is None else (np.generic,)
 
 
 def _fail(names: Names, path: str, what: str, a: Any, b: Any) -> AssertionError:
@@ -100,7 +108,7 @@ def assert_same(expected: Any, got: Any, path: str = "value", names: Names = ORA
         raise _fail(names, path, "types", type(expected), type(got))
     if isinstance(expected, torch.Tensor):
         _same_tensor(expected, got, path, names)
-    elif isinstance(expected, np.ndarray):
+    elif isinstance(expected, ARRAYS):
         _same_ndarray(expected, got, path, names)
     elif isinstance(expected, (str, bytes)):
         if expected != got:
@@ -121,7 +129,7 @@ def assert_same(expected: Any, got: Any, path: str = "value", names: Names = ORA
         )
         if not same:
             raise _fail(names, path, "floats", expected, got)
-    elif isinstance(expected, np.generic):
+    elif isinstance(expected, NUMPY_SCALARS):
         if not _same_scalar(expected, got):
             raise _fail(names, path, "numpy scalars", expected, got)
     elif expected != got:
@@ -166,7 +174,7 @@ def canon(value: Any) -> Any:
     batches can be compared for equality and counted in multisets."""
     if isinstance(value, torch.Tensor):
         return ("tensor", str(value.dtype), tuple(value.shape), tuple(value.flatten().tolist()))
-    if isinstance(value, np.ndarray):
+    if isinstance(value, ARRAYS):
         return ("ndarray", str(value.dtype), value.shape, tuple(value.flatten().tolist()))
     if isinstance(value, dict):
         return ("dict", tuple((k, canon(v)) for k, v in value.items()))

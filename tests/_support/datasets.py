@@ -20,7 +20,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # the run without numpy (make test-nonumpy): samples hold no numpy values
+    np = None  # type: ignore[assignment]
 import torch
 import torch.utils.data as tud
 
@@ -50,8 +53,8 @@ def sample(i: int) -> dict[str, Any]:
         "value": i / 4,
         "name": f"item-{i}",
         "tensor": torch.arange(3, dtype=torch.float32) + i,
-        "pair": (torch.tensor([i, -i]), np.int64(i)),
-        "array": np.full((2,), i, dtype=np.int16),
+        "pair": (torch.tensor([i, -i]), i if np is None else np.int64(i)),
+        "array": torch.full((2,), i) if np is None else np.full((2,), i, dtype=np.int16),
         "point": Point(i, torch.tensor(i % 3 == 0)),
     }
 
@@ -156,7 +159,7 @@ class Probe:
             "calls": self.calls,
             "random": random.random(),
             "torch": torch.rand(()).item(),
-            "numpy": float(np.random.rand()),
+            "numpy": 0.0 if np is None else float(np.random.rand()),
             "init": [dict(call) for call in INIT_CALLS],
         }
 
@@ -492,6 +495,6 @@ def mixed_leaves(batch: list[torch.Tensor]) -> dict[str, Any]:
         "raw": b"\x00bytes",
         "count": len(batch),
         "nothing": None,
-        "array": np.arange(len(batch)),
+        "array": torch.arange(len(batch)) if np is None else np.arange(len(batch)),
         "empty": torch.zeros(0, 3),
     }

@@ -12,7 +12,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # the run without numpy (make test-nonumpy): no numpy draw
+    np = None  # type: ignore[assignment]
 import torch
 
 import ferry
@@ -48,7 +51,8 @@ class Augmented(ferry.Dataset[tuple[int, float, float, float]]):
     def __getitem__(self, index: int) -> tuple[int, float, float, float]:
         if not 0 <= index < self.n:
             raise IndexError(index)
-        return (index, torch.rand(()).item(), random.random(), float(np.random.rand()))
+        drawn = 0.0 if np is None else float(np.random.rand())
+        return (index, torch.rand(()).item(), random.random(), drawn)
 
 
 class Counted(ferry.Dataset[tuple[int, int]]):

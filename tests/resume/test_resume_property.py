@@ -34,7 +34,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # the run without numpy (make test-nonumpy): torch's and random's only
+    np = None  # type: ignore[assignment]
 import pytest
 import torch
 from hypothesis import assume, given, settings
@@ -222,17 +225,19 @@ def configs(draw: st.DrawFn) -> Config:
 def seed_globals(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
-    np.random.seed(seed)
+    if np is not None:
+        np.random.seed(seed)
 
 
 def capture_globals() -> tuple[torch.Tensor, Any, Any]:
-    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+    return torch.get_rng_state(), random.getstate(), np and np.random.get_state()
 
 
 def restore_globals(saved: tuple[torch.Tensor, Any, Any]) -> None:
     torch.set_rng_state(saved[0])
     random.setstate(saved[1])
-    np.random.set_state(saved[2])
+    if np is not None:
+        np.random.set_state(saved[2])
 
 
 @contextlib.contextmanager

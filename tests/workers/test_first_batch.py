@@ -19,7 +19,10 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # the run without numpy (make test-nonumpy): a tensor for the array
+    np = None  # type: ignore[assignment]
 import pytest
 import torch
 import torch.utils.data as tud
@@ -225,7 +228,11 @@ def test_expect_batch_sums_the_tensors_collate_will_make() -> None:
     sample = {
         "image": torch.zeros(3, 8, 8),
         "label": 3,
-        "extra": (np.zeros(10, dtype=np.float64), 0.5, "name"),
+        "extra": (
+            torch.zeros(10, dtype=torch.float64) if np is None else np.zeros(10, dtype=np.float64),
+            0.5,
+            "name",
+        ),
     }
     with using_allocator(Recorder()):
         expect_batch(sample, 4)

@@ -19,6 +19,7 @@ import torch.utils.data as tud
 
 import ferry
 from _support import datasets as ds
+from _support.numpy_run import HAS_NUMPY, needs_numpy
 from _support.processes import FAST, PROCESSES, Kind, worker_pids
 from ferry._core import rng
 
@@ -116,6 +117,7 @@ def test_seeds_and_rngs_match_torch(kind: Kind) -> None:
 
 
 @pytest.mark.timeout(60)
+@needs_numpy
 def test_numpy_rng_matches_torch() -> None:
     """numpy's global RNG in a worker is seeded as torch seeds it, so augmentations drawn from
     np.random give torch's samples for the same generator."""
@@ -165,7 +167,7 @@ def test_random_streams_differ_between_workers_and_epochs(kind: Kind) -> None:
         ds.Probe(6, ferry.get_worker_info), batch_size=None, num_workers=3, **kind.kwargs
     )
     epochs = [list(loader) for _ in range(2)]
-    for source in ("random", "numpy", "torch"):
+    for source in ("random", "numpy", "torch") if HAS_NUMPY else ("random", "torch"):
         first = [s[source] for s in epochs[0]]
         second = [s[source] for s in epochs[1]]
         # The first draw of each of the three workers: all different.
