@@ -62,6 +62,22 @@ def _run_generator(run: SamplerRun, own: Any, global_draw: bool) -> Any:
     if own is not None and not isinstance(own, torch.Generator):
         return own  # not a generator: the draw raises torch's own TypeError for it
     start = run.start
+    if start is not None and "global" in start:
+        # A fresh iteration whose draws from torch's global RNG come from a copy of it as it
+        # stood when the state was taken (see Cursor.global_rng); each is made on the global
+        # RNG too, dropped. The start recorded is the one such a draw records.
+        copy = generator_from_state(start["global"])
+        if own is not None:
+            run.start = {"generator": generator_state(own)}
+            return own
+        if global_draw:
+            run.start = {"generator": start["global"]}
+            run.consume_global = True
+            return copy
+        seed = int(torch.empty((), dtype=torch.int64).random_(generator=copy).item())
+        torch.empty((), dtype=torch.int64).random_()
+        run.start = {"seed": seed}
+        return torch.Generator().manual_seed(seed)
     if start is not None:
         # A resumed iteration draws the recorded sequence again. What a fresh iteration draws
         # from torch's global RNG is drawn from it here too, draw for draw, and dropped: the

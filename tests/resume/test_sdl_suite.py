@@ -21,10 +21,11 @@ they must do, and run through torchdata's ``StatefulDataLoader`` (SDL, the refer
   global RNG, resumed from the start of the epoch and then again from 4 batches in.
 * ``TestSnapshotEnd.test_generator``: a generator stream whose dataset holds its position,
   saved after the epoch, with persistent workers.
-* Two deliberate differences (docs/design/state.md): ``TestInitialState.test_init_error`` (a
-  ``worker_init_fn`` error is raised where torch raises it) and
-  ``TestSnapshotEnd.test_map_shuffle`` (``shuffle=True`` without a generator keeps torch's
-  order, drawn from the global RNG each epoch).
+* ``TestSnapshotEnd.test_map_shuffle``: ``shuffle=True`` without a generator, saved after an
+  epoch, the next epoch in a new loader built after the first one went on.
+* ``TestInitialState``: a state taken before the first ``iter()``, loaded, and relayed.
+* One deliberate difference (docs/design/state.md): ``TestInitialState.test_init_error`` (a
+  ``worker_init_fn`` error is raised where torch raises it).
 """
 
 from __future__ import annotations
@@ -263,6 +264,69 @@ def test_interrupted_twice_from_the_start_of_an_epoch() -> None:
     assert got == expected
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_epoch_after_an_ended_one_is_the_uninterrupted_one(workers: int) -> None:
+    """``shuffle=True`` without a generator, saved after an epoch, resumed by a new loader
+    after the first went on (``TestSnapshotEnd.test_map_shuffle``). SDL's default sampler
+    draws from a generator of its own; ferry's order is torch's, drawn from torch's global RNG
+    each epoch, and the state holds that RNG as it stood at the save: the next epoch's draws
+    are made from a copy of it, so the epoch is the uninterrupted one."""
+
+    def program(lib: str) -> tuple[list[list[int]], list[list[int]]]:
+        def build() -> Any:
+            options: dict[str, Any] = {"batch_size": 4, "shuffle": True}
+            if workers:
+                options.update(num_workers=workers, multiprocessing_context="fork")
+            return LIBRARIES[lib](list(range(20)), **options)
+
+        torch.manual_seed(0)
+        first = build()
+        list(first)
+        state = first.state_dict()
+        expected = plain(list(first))
+        resumed = build()
+        resumed.load_state_dict(state)
+        return plain(list(resumed)), expected
+
+    got, expected = program("sdl")
+    assert got == expected
+    got, expected = program("ferry")
+    assert got == expected
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("workers", "relay"), [(0, False), (0, True), (2, True)])
+def test_state_before_the_first_iter(workers: int, relay: bool) -> None:
+    """``TestInitialState``: a shuffled loader without a generator, over a dataset that reads
+    at random from the global RNG, saved before its first ``iter()``; a new loader loads it
+    (and, relayed, gives its state to a third one before iterating): the epoch is the one the
+    first loader then handed out."""
+
+    def program(lib: str) -> tuple[list[list[int]], list[list[int]]]:
+        def build() -> Any:
+            options: dict[str, Any] = {"batch_size": 3, "shuffle": True}
+            if workers:
+                options.update(num_workers=workers, multiprocessing_context="fork")
+            return LIBRARIES[lib](RandomPicks(30), **options)
+
+        first = build()
+        state = first.state_dict()
+        expected = ids(list(first))
+        resumed = build()
+        resumed.load_state_dict(state)
+        if relay:
+            state = resumed.state_dict()
+            resumed = build()
+            resumed.load_state_dict(state)
+        return ids(list(resumed)), expected
+
+    got, expected = program("sdl")
+    assert got == expected
+    got, expected = program("ferry")
+    assert got == expected
+
+
 # -- where ferry differs from SDL on purpose (docs/design/state.md) ------------------------------
 
 
@@ -279,7 +343,8 @@ def test_worker_init_fn_error_is_raised_where_torch_raises_it() -> None:
         list(range(8)), num_workers=2, worker_init_fn=failing_init, multiprocessing_context="fork"
     )
     before = set(multiprocessing.active_children())
-    with pytest.raises(ValueError, match="worker_init_fn failed"):
+    # (ValueError; or, when a worker's exit is noticed first, SDL's RuntimeError naming it)
+    with pytest.raises((ValueError, RuntimeError)):
         iter(sdl)
     # SDL's half-made iterator does not stop the workers it started: this test does.
     for process in set(multiprocessing.active_children()) - before:
@@ -293,36 +358,3 @@ def test_worker_init_fn_error_is_raised_where_torch_raises_it() -> None:
         next(iterator)
     del iterator, loader
     gc.collect()
-
-
-@pytest.mark.timeout(60)
-def test_epoch_after_an_ended_one_shuffles_from_the_global_rng() -> None:
-    """``shuffle=True`` without a generator, saved after an epoch, resumed by a new loader
-    after the first went on (``TestSnapshotEnd.test_map_shuffle``). SDL's default sampler
-    draws from a generator of its own, seeded once at construction, so its next epoch is the
-    uninterrupted one's; ferry's order is torch's, which draws each epoch's shuffle from torch's
-    global RNG: the resumed epoch is what a fresh loader draws from the global RNG as it stands.
-    With ``generator=`` the loader's state covers it, and the epoch is the uninterrupted one."""
-
-    def build(generator: torch.Generator | None = None) -> ferry.DataLoader[Any]:
-        return ferry.DataLoader(list(range(20)), batch_size=4, shuffle=True, generator=generator)
-
-    torch.manual_seed(0)
-    first = build()
-    list(first)
-    state = first.state_dict()
-    list(first)
-    now = torch.get_rng_state()
-    resumed = build()
-    resumed.load_state_dict(state)
-    got = plain(list(resumed))
-    torch.set_rng_state(now)
-    assert got == plain(list(build()))
-
-    owned = build(torch.Generator().manual_seed(3))
-    list(owned)
-    state = owned.state_dict()
-    expected = plain(list(owned))
-    again = build(torch.Generator().manual_seed(99))
-    again.load_state_dict(state)
-    assert plain(list(again)) == expected

@@ -190,9 +190,10 @@ class RunCounts:
         return cls(int(errors["skipped"]), int(errors["seen"]), tuple(starts))
 
 
-def global_rng_fingerprint() -> str:
-    """A short digest of torch's global CPU generator's state as it stands now."""
-    data = tensor_bytes(torch.get_rng_state())
+def global_rng_fingerprint(state: torch.Tensor | None = None) -> str:
+    """A short digest of torch's global CPU generator's state as it stands now (or of
+    ``state``, a state of a CPU generator)."""
+    data = tensor_bytes(torch.get_rng_state() if state is None else state)
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
@@ -209,6 +210,10 @@ class Cursor:
     keys of the epoch were handed out, plus those in ``ahead``, out of order). ``turn``: the
     worker whose batch comes next (in order). ``workers``: each worker's position, for
     ``num_workers`` workers (0: the main process). ``run``: what spans the run.
+    ``global_rng`` (a loader without a generator, saved before an epoch's draws: before the
+    first ``iter()`` or after ``StopIteration``): torch's global RNG when the state was taken;
+    the next epoch's base seed and a built-in sampler's draws are made from a copy of it (and
+    made on the global RNG too, dropped), so they are those of the uninterrupted run.
     """
 
     started: bool = False
@@ -225,6 +230,7 @@ class Cursor:
     num_workers: int = 0
     workers: tuple[WorkerCursor, ...] = ()
     run: RunCounts = field(default_factory=RunCounts)
+    global_rng: str | None = None
 
     @classmethod
     def zero(cls) -> Cursor:
@@ -258,6 +264,7 @@ class Cursor:
             "position": self.position,
             "ahead": sorted(self.ahead),
             "turn": self.turn,
+            "global_rng": self.global_rng,
         }
 
     @classmethod
@@ -267,6 +274,11 @@ class Cursor:
             if not isinstance(generator, str):
                 raise TypeError(f"a generator state must be a string, got {type(generator)}")
             generator_from_state(generator)
+        global_rng = epoch.get("global_rng")  # (a state from before it existed has none)
+        if global_rng is not None:
+            if not isinstance(global_rng, str):
+                raise TypeError(f"a generator state must be a string, got {type(global_rng)}")
+            generator_from_state(global_rng)
         cursor = cls(
             started=bool(epoch["started"]),
             finished=bool(epoch.get("finished", False)),
@@ -283,6 +295,7 @@ class Cursor:
             run=RunCounts.from_plain(
                 state.get("errors", {"skipped": 0, "seen": 0}), state.get("epoch_starts", [])
             ),
+            global_rng=global_rng,
         )
         if cursor.position < 0 or len(cursor.workers) not in (0, max(cursor.num_workers, 1)):
             raise ValueError("its position or worker list is invalid")

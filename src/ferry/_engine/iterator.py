@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ferry._batching import batch_count
-from ferry._core.rng import generator_state, set_generator_state
+from ferry._core.rng import generator_from_state, generator_state, set_generator_state
 from ferry._engine.aio import AsyncReads, is_async_dataset
 from ferry._engine.cursor import (
     Cursor,
@@ -47,6 +47,7 @@ from ferry._engine.fetch import (
 from ferry._engine.keys import (
     EpochKeys,
     KeysCursor,
+    builtin_source,
     draws_from_global,
     restore_between_epochs,
     stateful_part,
@@ -129,7 +130,7 @@ class LoaderIterator(TorchLoaderIterator):
             finally:
                 torch.set_rng_state(global_rng)
             self._at_save_point(start)
-            self._open_epoch(self._track.next_epoch())
+            self._open_epoch(replace(self._track.next_epoch(), global_rng=start.global_rng))
             if plan.persistent_workers and plan.iterable_style:
                 # Persistent workers read the ended epoch's streams to their ends first, as
                 # the uninterrupted run's had (see WorkerCursor.ended).
@@ -165,6 +166,9 @@ class LoaderIterator(TorchLoaderIterator):
         generator = plan.generator if isinstance(plan.generator, torch.Generator) else None
         keys_cursor: KeysCursor | None = start.keys
         run = start.run
+        # Draws from torch's global RNG made from a copy of it as the state was taken (see
+        # Cursor.global_rng): the base seed drawn from it, if the epoch draws one.
+        copied: int | None = None
         if not start.started:
             # Between epochs: the generators as they stood, then a fresh epoch from them.
             restore_between_epochs(plan.sampler, plan.batch_sampler, start.keys)
@@ -172,8 +176,18 @@ class LoaderIterator(TorchLoaderIterator):
                 keys_cursor = None
             # (persistent workers keep their base seed: then the seeds draw nothing)
             new_seeds = start.seed_drawn or start.base_seed is None
+            copy = None
+            if start.global_rng is not None and plan.generator is None:
+                copy = generator_from_state(start.global_rng)
             if generator is None and draws_from_global(plan, new_seeds):
-                run = guard_replay(run)
+                run = guard_replay(run, None if copy is None else copy.get_state())
+            if copy is not None:
+                if new_seeds:
+                    copied = int(torch.empty((), dtype=torch.int64).random_(generator=copy).item())
+                source = builtin_source(plan.sampler, plan.batch_sampler)
+                if keys_cursor is None and getattr(source, "generator", False) is None:
+                    # a built-in sampler without a generator draws next: from the copy too
+                    keys_cursor = KeysCursor("builtin", {"global": generator_state(copy)})
         if start.generator is not None and generator is not None:
             set_generator_state(generator, start.generator)
         position = start.position if start.started else 0
@@ -195,7 +209,7 @@ class LoaderIterator(TorchLoaderIterator):
         if seed_drawn and not (start.started and generator is not None):
             drawn = int(torch.empty((), dtype=torch.int64).random_(generator=plan.generator).item())
             if base_seed is None or not start.started:
-                base_seed = drawn
+                base_seed = drawn if copied is None else copied
         if base_seed is None:
             # A resumed epoch saved without workers (no base seed kept: nothing used it) whose
             # draw is not made again: workers of this loader need one, and no RNG is touched.

@@ -39,6 +39,7 @@ from ferry._engine.cursor import (
     WorkerCursor,
 )
 from ferry._engine.failures import SkipBudget
+from ferry._engine.keys import stateful_part
 from ferry._engine.track import EpochTrack, between_epochs_cursor
 from ferry.errors import StateMismatch
 
@@ -198,8 +199,14 @@ class Resumer:
             )
         track = self.track
         if track is None:  # before the first epoch: the generators as they stand now
+            # (and without workers the main process's dataset, which lives on, as between
+            # epochs: torchdata's state before iter() holds it too)
+            dataset = loader.dataset
+            main: tuple[WorkerCursor, ...] = ()
+            if loader.num_workers == 0 and stateful_part(dataset):
+                main = (WorkerCursor(0, None, Snapshot(0, dataset.state_dict())),)
             cursor = between_epochs_cursor(
-                Cursor(num_workers=loader.num_workers),
+                Cursor(num_workers=loader.num_workers, workers=main),
                 loader.generator,
                 loader.sampler,
                 loader.batch_sampler,

@@ -19,7 +19,7 @@ from ferry._core.rng import generator_state
 from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor, global_rng_fingerprint
 from ferry._engine.failures import SkipBudget
 from ferry._engine.fetch import Outcome
-from ferry._engine.keys import EpochKeys, between_epochs
+from ferry._engine.keys import EpochKeys, between_epochs, draws_from_global
 from ferry._engine.plan import EpochPlan
 from ferry.errors import EpochReplayWarning, warn_from_user_code
 from ferry.stats import StatsRecorder
@@ -110,7 +110,12 @@ class EpochTrack:
         if self.loaded is not None and self.yielded == 0 and not self.finished:
             return self.loaded
         current = replace(self._current(), keys=self.keys.cursor_at(self.next_key))
-        return replace(current, finished=True) if self.finished else current
+        if not self.finished:
+            return current
+        plan = self.plan
+        # (the next epoch's draws from torch's global RNG are made from it as it stands now)
+        draws = plan.generator is None and draws_from_global(plan, not plan.persistent_workers)
+        return replace(current, finished=True, global_rng=global_rng_state() if draws else None)
 
     def next_epoch(self) -> Cursor:
         """The cursor that begins the next epoch from here, with the generators as they stand."""
@@ -138,18 +143,30 @@ def between_epochs_cursor(
 ) -> Cursor:
     """``after`` (a cursor that starts no epoch) with the generators as they stand now: the
     loader's and the sampler's, restored before the next epoch draws from them."""
-    generator = generator if isinstance(generator, torch.Generator) else None
+    own = generator if isinstance(generator, torch.Generator) else None
+    # A loader without a generator draws the next epoch's seeds from torch's global RNG: as it
+    # stands now, when it does (workers, or a sampler without a generator of its own).
+    draws = generator is None and (
+        after.num_workers > 0 or getattr(sampler, "generator", False) is None
+    )
     return replace(
         after,
-        generator=generator_state(generator) if generator is not None else None,
+        generator=generator_state(own) if own is not None else None,
         keys=between_epochs(sampler, batch_sampler),
+        global_rng=global_rng_state() if draws else None,
     )
 
 
-def guard_replay(run: RunCounts) -> RunCounts:
-    """Note where torch's global RNG stands as an epoch that draws from it begins, and warn if
-    an earlier epoch began there: this one would repeat it (its shuffle and worker seeds)."""
-    fingerprint = global_rng_fingerprint()
+def global_rng_state() -> str:
+    """torch's global CPU generator's state as it stands now, as a string."""
+    return generator_state(torch.default_generator)
+
+
+def guard_replay(run: RunCounts, state: torch.Tensor | None = None) -> RunCounts:
+    """Note where torch's global RNG stands as an epoch that draws from it begins (or
+    ``state``, a copy of it the epoch draws from), and warn if an earlier epoch began there:
+    this one would repeat it (its shuffle and worker seeds)."""
+    fingerprint = global_rng_fingerprint(state)
     if fingerprint in run.epoch_starts:
         warn_from_user_code(
             "DataLoader: this epoch begins with torch's global random generator exactly where "
