@@ -130,8 +130,13 @@ def interrupt(
                 os.kill(pid, signal.SIGKILL)
     # Python's own exit for an uncaught KeyboardInterrupt: it ends by SIGINT, with the traceback.
     assert process.returncode == -signal.SIGINT, err[-2000:]
-    assert err.rstrip().endswith("KeyboardInterrupt"), err[-2000:]
-    assert "Exception ignored" not in err, err[-3000:]
+    # A second SIGINT may still land in torch's own exit-time finalizers (torch/library.py),
+    # as it does with torch's loader: those reports are torch's. None may come from ferry's
+    # clean-up or interrupt Python's wait for threads.
+    first, *ignored = err.split("Exception ignored")
+    assert first.rstrip().endswith("KeyboardInterrupt"), err[-2000:]
+    ours = [i for i in ignored if "/ferry/" in i or "<module 'threading'" in i]
+    assert not ours, err[-3000:]
     assert [p for p in pids if not exited(p)] == [], "workers outlived the main process"
     assert shm_names(main_pid) == []
     return took
