@@ -156,6 +156,19 @@ def test_workers_ignore_sigint() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_ignore_sigint_while_they_start(method: str) -> None:
+    """A Ctrl-C that reaches a worker before its entry function runs (still in multiprocessing's
+    start-up: under spawn, the interpreter's) is dropped too; it used to kill the worker, and the
+    loader then raised WorkerDied."""
+    loader = ferry.DataLoader(ds.Indices(8), num_workers=2, multiprocessing_context=method)
+    iterator = iter(loader)
+    for pid in [w.pid for w in iterator._workers]:
+        os.kill(pid, signal.SIGINT)
+    assert [b.tolist() for b in iterator] == [[i] for i in range(8)]
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", FAST, indirect=True)
 def test_workers_gone_when_stuck_sending_large_batches(kind: Kind) -> None:
     """Batches of 4 MB of bytes (pickled through the pipe, no shared memory) fill the pipe: the

@@ -48,6 +48,7 @@ from ferry._engine.worker import (
     Activity,
     WorkerConfig,
     process_worker_main,
+    sigint_held,
     thread_worker_main,
 )
 
@@ -426,7 +427,8 @@ def _start_process(config: WorkerConfig, context: Any) -> ProcessHandle:
     )
     worker = ProcessHandle(config.worker_id, process, parent_end)
     try:
-        process.start()
+        with sigint_held():
+            process.start()
     except Exception as exc:
         child_end.close()
         parent_end.close()

@@ -12,6 +12,7 @@ worker at once if the parent is gone (the connection closes, or the parent pid c
 from __future__ import annotations
 
 import _thread
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -22,7 +23,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from time import perf_counter
@@ -370,9 +371,52 @@ def _exit_orphaned(main_pid: int) -> None:
     os._exit(0)
 
 
+_SIGINT = {signal.SIGINT}
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """SIGINT is held back from a worker process until it has set SIGINT aside.
+
+    Ctrl-C reaches every process of the terminal's group, and a worker ignores it only once
+    :func:`process_worker_main` runs: one still in multiprocessing's start-up (under spawn, in
+    the interpreter's) would die of KeyboardInterrupt there. So SIGINT is blocked in the calling
+    thread while the worker starts: a forked worker inherits the mask and unblocks it after it
+    has set SIGINT aside. A spawned one starts with an empty mask, but keeps an ignored
+    disposition across ``exec`` (and Python then installs no handler of its own): in the main
+    thread, SIGINT is also ignored for that moment. Blocked signals are kept, not discarded, so
+    a Ctrl-C meant for the main process in between is delivered when the block ends."""
+    try:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)
+    except (AttributeError, OSError, ValueError):  # a platform without per-thread masks
+        yield
+        return
+    try:
+        with _sigint_ignored():
+            yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    try:
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: a spawned worker's start-up stays exposed
+        yield
+        return
+    try:
+        yield
+    finally:
+        if handler is not None:  # None: set outside Python, which cannot be put back
+            signal.signal(signal.SIGINT, handler)
+
+
 def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
     """Entry point of a worker process (module-level so every start method can reach it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # blocked by sigint_held while this process started
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGINT)
     torch.set_num_threads(1)
     seed_process(config)
     set_process_worker_info(config.info())
