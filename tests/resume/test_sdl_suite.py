@@ -33,6 +33,7 @@ from __future__ import annotations
 import gc
 import itertools
 import multiprocessing
+import signal
 from typing import Any
 
 import pytest
@@ -346,10 +347,17 @@ def test_worker_init_fn_error_is_raised_where_torch_raises_it() -> None:
     # (ValueError; or, when a worker's exit is noticed first, SDL's RuntimeError naming it)
     with pytest.raises((ValueError, RuntimeError)):
         iter(sdl)
-    # SDL's half-made iterator does not stop the workers it started: this test does.
-    for process in set(multiprocessing.active_children()) - before:
-        process.terminate()
-        process.join(5)
+    # SDL's half-made iterator does not stop the workers it started: this test does, with
+    # torch's SIGCHLD handler (which SDL's iterator installed, with these workers' pids) set
+    # aside, or it raises "killed by signal: Terminated" into the join. Once they are reaped,
+    # the handler skips their pids.
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        for process in set(multiprocessing.active_children()) - before:
+            process.terminate()
+            process.join(5)
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
     loader = ferry.DataLoader(
         list(range(8)), num_workers=2, worker_init_fn=failing_init, multiprocessing_context="fork"
     )
