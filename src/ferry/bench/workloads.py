@@ -315,17 +315,23 @@ def _prepare_stream(samples: int, quick: bool) -> Any:
     return _rng().standard_normal((min(samples, 4096), _STREAM_WIDTH), dtype="float32")
 
 
-def _prepare_jpegs(samples: int, quick: bool) -> list[bytes]:
-    """~100 distinct 256x256 JPEGs: smooth patterns plus noise, about 35 KB each."""
-    rng = _rng()
-    import numpy as np
-
+def _pillow_image() -> Any:
+    """Pillow's Image module, or an ImportError that says where to get it."""
     try:
         from PIL import Image
     except ImportError:
         raise ImportError(
             "the jpeg workload needs Pillow: pip install pillow (ferry-data's extra 'bench' has it)"
         ) from None
+    return Image
+
+
+def _prepare_jpegs(samples: int, quick: bool) -> list[bytes]:
+    """~100 distinct 256x256 JPEGs: smooth patterns plus noise, about 35 KB each."""
+    rng = _rng()
+    import numpy as np
+
+    Image = _pillow_image()
     rows, cols = np.mgrid[0:_JPEG_SOURCE_SIDE, 0:_JPEG_SOURCE_SIDE]
     files = []
     for k in range(min(samples, 20 if quick else 100)):
@@ -343,12 +349,7 @@ def _prepare_photos(samples: int, quick: bool) -> list[bytes]:
     rng = _rng()
     import numpy as np
 
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ImportError(
-            "the jpeg workload needs Pillow: pip install pillow (ferry-data's extra 'bench' has it)"
-        ) from None
+    Image = _pillow_image()
     files = []
     for _ in range(8 if quick else 48):
         width, height = int(rng.integers(400, 625)), int(rng.integers(300, 470))
