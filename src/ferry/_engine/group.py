@@ -26,7 +26,6 @@ import gc
 import os
 import pickle
 import queue
-import signal
 import threading
 import time
 import warnings
@@ -49,6 +48,7 @@ from ferry._engine.worker import (
     WorkerConfig,
     process_worker_main,
     sigint_held,
+    sigint_ignored,
     thread_worker_main,
 )
 
@@ -263,18 +263,11 @@ def _deaf_to_interrupts(exiting: bool) -> Iterator[None]:
     The program is ending already and every step here has its deadline (about two seconds for
     processes, ``_JOIN_THREADS_AT_EXIT`` for threads), so nothing is lost by not listening.
     Only the main thread can set a handler; elsewhere, and outside exit, this does nothing."""
-    if not exiting or threading.current_thread() is not threading.main_thread():
+    if not exiting:
         yield
         return
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except (ValueError, OSError):  # not the main interpreter: leave it be
+    with sigint_ignored():
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _none_started(group: WorkerGroup[Any], exiting: bool) -> float:

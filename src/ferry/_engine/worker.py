@@ -392,17 +392,19 @@ def sigint_held() -> Iterator[None]:
         yield
         return
     try:
-        with _sigint_ignored():
+        with sigint_ignored():
             yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
+def sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored for the block, then its handler put back. Only the main thread (of the
+    main interpreter) can set a handler: elsewhere this does nothing."""
     try:
         handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: a spawned worker's start-up stays exposed
+    except (ValueError, OSError):
         yield
         return
     try:
