@@ -12,7 +12,8 @@ stand-in too. Usage (the tests build these command lines)::
 ``write`` writes both libraries' datasets, into DIR/mosaic and DIR/litdata. LIBRARY is
 ``mosaic`` (MosaicML Streaming), ``litdata``, or ``litdata-told`` (the dataset
 told the batch size, as litdata's own loader tells it). RUNS: comma-separated
-``LOADER-WORKERS``, LOADER ``ferry`` or ``library`` (the library's own StreamingDataLoader).
+``LOADER-WORKERS`` or ``ferry-WORKERS-thread``, LOADER ``ferry`` or ``library`` (the library's
+own StreamingDataLoader).
 ``save`` runs an epoch, part of the next, saves the loader's state to STATES/RUN.json, then
 finishes that epoch and runs one more: the uninterrupted run. ``load`` builds everything
 afresh, loads the state and runs the rest of the epoch and one more. Each prints one JSON
@@ -143,14 +144,22 @@ def orders(library: str, where: str) -> dict[str, Any]:
     return out
 
 
+def run_loader(library: str, name: str, data: Any) -> Any:
+    """The loader a run's name describes: ``LOADER-WORKERS[-thread]``."""
+    kind, workers, *thread = name.split("-")
+    options: dict[str, Any] = {"num_workers": int(workers)}
+    if thread:
+        options["worker_type"] = "thread"
+    return loader(library, kind, data, **options)
+
+
 def save(library: str, where: str, runs: list[str], states: str) -> dict[str, Any]:
-    """Each run (``KIND-WORKERS``): one whole epoch, BATCHES_BEFORE_SAVE batches of the next,
+    """Each run (see :func:`run_loader`): one whole epoch, BATCHES_BEFORE_SAVE batches of the next,
     the state saved to ``states``/RUN.json, the rest of that epoch, one more epoch."""
     out: dict[str, Any] = {}
     for name in runs:
-        kind, workers = name.rsplit("-", 1)
         data = dataset(library, where)
-        run = loader(library, kind, data, num_workers=int(workers))
+        run = run_loader(library, name, data)
         first = epoch(run)
         it = iter(run)
         seen = epoch(it, BATCHES_BEFORE_SAVE)
@@ -167,9 +176,8 @@ def load(library: str, where: str, runs: list[str], states: str) -> dict[str, An
     """Each run built afresh, its state loaded: the rest of the epoch, and one more."""
     out: dict[str, Any] = {}
     for name in runs:
-        kind, workers = name.rsplit("-", 1)
         data = dataset(library, where)
-        run = loader(library, kind, data, num_workers=int(workers))
+        run = run_loader(library, name, data)
         run.load_state_dict(json.loads((Path(states) / f"{name}.json").read_text()))
         out[name] = {"rest": epoch(run), "next": epoch(run)}
         del run, data

@@ -6,11 +6,13 @@ torch's ``get_worker_info`` and shuffle by an epoch counter of their own. Each t
 program (``_streaming_programs.py``) in a fresh interpreter, on a dataset of 200 samples
 written with the library's own writer:
 
-* the order of two epochs with 0 and 2 process workers is torch's loader's, sample for
-  sample; thread workers are refused with an error that names ``worker_type='process'``;
+* the order of two epochs with 0 and 2 process workers, and 2 thread workers, is torch's
+  loader's (2 process workers), sample for sample: each thread is given its own copy of the
+  dataset and the library's own binding of torch's ``get_worker_info`` answers in it;
 * a state saved mid-epoch in one process and loaded in another resumes the epoch exactly:
   what the first process saw, then what the second saw, is the uninterrupted run, and so is
-  the epoch after it; each library's own StreamingDataLoader, side by side, does the same;
+  the epoch after it, with 0, 2 and 3 process workers and 2 thread workers; each library's own
+  StreamingDataLoader, side by side, does the same;
 * nothing is left in /dev/shm (MosaicML keeps its shared state there).
 """
 
@@ -82,11 +84,8 @@ def test_order_is_torchs(written: dict[str, Path], library: str) -> None:
         assert seen[name] == torch_run, f"{name} differs from torch's loader"
     if library == "mosaic":  # spawned workers import the library (and the stand-in) afresh
         assert seen["ferry-2-spawn"] == seen["torch-2"]
-    # each worker would take itself for the only one and read the whole epoch: refused
-    refused = seen["ferry-2-thread"]
-    assert isinstance(refused, str)
-    assert refused.startswith("RuntimeError")
-    assert "worker_type='process'" in refused
+    # each thread finds its worker (not the whole epoch each) and iterates its own copy
+    assert seen["ferry-2-thread"] == seen["torch-2"]
     for name in ("ferry-0", "ferry-2-process"):  # a state mid-epoch, plain data
         state = seen[f"{name} state"]
         assert state["dataset_position"]["library"] == (
@@ -95,9 +94,9 @@ def test_order_is_torchs(written: dict[str, Path], library: str) -> None:
 
 
 RUNS = {
-    # ferry with 0, 2 and 3 process workers; the library's own loader with 0 and 2
-    "mosaic": ["ferry-0", "ferry-2", "ferry-3", "library-0", "library-2"],
-    "litdata": ["ferry-0", "ferry-2", "ferry-3", "library-0", "library-2"],
+    # ferry with 0, 2 and 3 process workers and 2 threads; the library's own loader with 0, 2
+    "mosaic": ["ferry-0", "ferry-2", "ferry-3", "ferry-2-thread", "library-0", "library-2"],
+    "litdata": ["ferry-0", "ferry-2", "ferry-3", "ferry-2-thread", "library-0", "library-2"],
     # the dataset told the batch size (as litdata's loader tells it): its own count resumes
     "litdata-told": ["ferry-0", "ferry-2"],
 }

@@ -207,3 +207,41 @@ def test_map_style_resumes_with_another_worker_count() -> None:
         resumed = ferry.DataLoader(Squares(), batch_size=4)
         resumed.load_state_dict(state)
         assert seen + _batches(resumed) == reference
+
+
+class StreamsItself(ferry.IterableDataset[int]):
+    """litdata's shape: ``__iter__`` returns the dataset, whose position is kept on itself;
+    the state is built from a count of samples."""
+
+    def __init__(self) -> None:
+        self.next_row = 0
+        self.step = 1
+
+    def __iter__(self) -> StreamsItself:
+        info = tud.get_worker_info()
+        self.next_row, self.step = (0, 1) if info is None else (info.id, info.num_workers)
+        return self
+
+    def __next__(self) -> int:
+        if self.next_row >= ROWS:
+            raise StopIteration
+        row, self.next_row = self.next_row, self.next_row + self.step
+        return row
+
+    def state_dict(self, num_samples_yielded: int, num_workers: int, batch_size: int) -> Any:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
+def test_thread_workers_each_iterate_a_copy_of_a_counted_dataset() -> None:
+    """A counted dataset keeps its iteration on itself: each thread gets a copy of its own
+    (shared, two threads would move one position), and the original is left as it was."""
+    dataset = StreamsItself()
+    processes = _batches(ferry.DataLoader(dataset, batch_size=4, num_workers=2))
+    loader = ferry.DataLoader(dataset, batch_size=4, num_workers=2, worker_type="thread")
+    for _ in range(2):
+        assert _batches(loader) == processes
+    assert sorted(x for batch in processes for x in batch) == list(range(ROWS))
+    assert (dataset.next_row, dataset.step) == (0, 1)

@@ -85,19 +85,35 @@ def test_a_dataset_asking_torch_is_sharded_in_ferry_thread_workers() -> None:
     assert _items(tud.DataLoader(AsksFerry(20), batch_size=3, num_workers=2)) == list(range(20))
 
 
+class ByName(tud.IterableDataset):  # type: ignore[type-arg]
+    """A stream whose module bound torch's function to a name of its own at import."""
+
+    def __init__(self, n: int, module: types.ModuleType) -> None:
+        self.n = n
+        self.module = module
+
+    def __iter__(self) -> Any:
+        info = self.module.get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        return iter(range(info.id, self.n, info.num_workers))
+
+
 @pytest.mark.timeout(60)
-def test_a_stream_holding_torchs_function_by_name_is_refused_under_threads(
+def test_a_module_holding_torchs_function_by_name_is_sharded_under_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A module that bound torch's function to a name of its own before the threads started
-    would see None in every thread: refused at iter(), never silently read twice."""
+    (``from torch.utils.data import get_worker_info``) sees each thread's info too: ferry
+    rebinds the name when thread workers start, and outside them it answers as torch's."""
     module = types.ModuleType("holds_torch_function")
     module.get_worker_info = info_module._torch_original()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    stream = type("ByName", (AsksTorch,), {"__module__": module.__name__})(20)
-    loader = ferry.DataLoader(stream, batch_size=3, num_workers=2, worker_type="thread")
-    with pytest.raises(RuntimeError, match=r"holds_torch_function holds torch's get_worker_info"):
-        iter(loader)
-    # Processes are fine (torch's value is published there), and so is one inline reader.
-    assert _items(ferry.DataLoader(stream, batch_size=3, num_workers=2)) == list(range(20))
+    stream = ByName(20, module)
+    threads = ferry.DataLoader(stream, batch_size=3, num_workers=2, worker_type="thread")
+    processes = ferry.DataLoader(stream, batch_size=3, num_workers=2)
+    assert [b.tolist() for b in threads] == [b.tolist() for b in processes]
+    assert module.get_worker_info is info_module.torch_get_worker_info  # type: ignore[attr-defined]
+    assert module.get_worker_info() is None  # type: ignore[attr-defined]
     assert _items(ferry.DataLoader(stream, batch_size=3)) == list(range(20))
+    assert _items(tud.DataLoader(stream, batch_size=3, num_workers=2)) == list(range(20))

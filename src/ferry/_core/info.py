@@ -11,15 +11,16 @@ Interplay with torch, both ways, so datasets written for either library shard co
 * inside one of torch's own workers, :func:`get_worker_info` returns torch's info.
 
 * thread workers cannot publish to torch's value (it is process-wide), so when the first thread
-  workers start, ``torch.utils.data.get_worker_info`` (the module attribute, in both modules
-  that hold it) is replaced by :func:`torch_get_worker_info`: the calling thread's ferry info
-  if it is a ferry worker thread, else exactly what torch's function returns. Datasets that
-  call ``torch.utils.data.get_worker_info()`` (Hugging Face ``datasets`` streams do) then shard
-  across thread workers as they do across processes. A module that bound torch's function to a
-  name of its own before that (``from torch.utils.data import get_worker_info`` at import
-  time) still holds torch's, which answers None in every thread: :func:`check_thread_sharding`
-  finds such a dataset and the loader refuses it at ``iter()`` rather than let every thread
-  read the whole stream.
+  workers start, torch's ``get_worker_info`` is replaced by :func:`torch_get_worker_info` (the
+  calling thread's ferry info if it is a ferry worker thread, else exactly what torch's
+  function returns) wherever a loaded module holds it: the module attribute in torch's two
+  modules that export it, and every name a module bound it to at import
+  (``from torch.utils.data import get_worker_info``, as MosaicML Streaming, litdata and many
+  user datasets do). A module imported later can only bind the replacement. Datasets written
+  for torch then shard across thread workers as they do across processes. Outside ferry's
+  worker threads the replacement answers what torch's function does, so nothing else changes.
+  What it cannot reach is a copy of the function kept elsewhere than a module's globals (a
+  default argument, a container).
 
 None of this needs an import: ``import torch`` has already loaded torch's modules, which are
 looked up in ``sys.modules``.
@@ -133,6 +134,8 @@ class _TorchFunction:
     """torch's own ``get_worker_info``, kept when :func:`publish_threads_to_torch` replaces it."""
 
     original: Any = None
+    # The modules already looked at, by name (a module replaced under its name is new).
+    seen: dict[str, Any] = {}  # noqa: RUF012
 
 
 def _torch_original() -> Any:
@@ -146,38 +149,24 @@ _publish_lock = threading.Lock()
 
 
 def publish_threads_to_torch() -> None:
-    """Make ``torch.utils.data.get_worker_info()`` see ferry's worker threads (idempotent)."""
+    """Make torch's ``get_worker_info`` see ferry's worker threads, wherever a loaded module
+    holds it (idempotent; each module is looked at once, the first time thread workers start
+    after it was loaded)."""
     with _publish_lock:
-        _torch_original()
-        for name in _TORCH_EXPORTING_MODULES:
-            module = sys.modules.get(name)
-            if module is not None and getattr(module, "get_worker_info", None) is not (
-                torch_get_worker_info
-            ):
-                module.get_worker_info = torch_get_worker_info  # type: ignore[attr-defined]
-
-
-def check_thread_sharding(dataset: object) -> None:
-    """Refuse a stream that would be read whole by every worker thread.
-
-    That is a dataset whose class is defined in a module that holds torch's original
-    ``get_worker_info`` under a name of its own: that function answers None in every thread,
-    so each thread would take itself for the only reader.
-    """
-    original = _torch_original()
-    if original is None:
-        return
-    for cls in type(dataset).__mro__:
-        module = sys.modules.get(cls.__module__)
-        if module is None or cls.__module__.startswith(("torch.", "ferry.")):
-            continue
-        names = [k for k, v in vars(module).items() if v is original]
-        if names:
-            raise RuntimeError(
-                f"worker_type='thread' cannot shard {type(dataset).__name__}: its module "
-                f"{cls.__module__} holds torch's get_worker_info as {names[0]!r} (imported with "
-                "`from torch.utils.data import get_worker_info` before the workers started), "
-                "which answers None in every thread, so each thread would read the whole "
-                "stream. Call torch.utils.data.get_worker_info() through the module, or "
-                "ferry.get_worker_info(), or use worker_type='process'."
-            )
+        original = _torch_original()
+        if original is None:
+            return
+        seen = _TorchFunction.seen
+        for key, module in list(sys.modules.items()):
+            if seen.get(key) is module:
+                continue
+            seen[key] = module
+            names = getattr(module, "__dict__", None)
+            if not isinstance(names, dict):
+                continue
+            try:
+                bound = [name for name, value in list(names.items()) if value is original]
+                for name in bound:
+                    setattr(module, name, torch_get_worker_info)
+            except Exception:  # an odd module object: leave it as it is
+                continue

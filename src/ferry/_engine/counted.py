@@ -24,18 +24,22 @@ from __future__ import annotations
 
 import inspect
 import math
+import pickle
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferry._engine.cursor import Cursor, Snapshot
 from ferry.errors import MalformedState, StateMismatch, warn_from_user_code
+
+if TYPE_CHECKING:
+    from ferry._engine.worker import WorkerConfig
 
 __all__ = [
     "CountedProtocol",
     "DatasetPosition",
     "judge_dataset",
-    "refuse_threads",
     "snapshots_itself",
+    "thread_copies",
 ]
 
 _PLAIN = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -168,23 +172,30 @@ def judge_dataset(dataset: object) -> DatasetVerdict:
     return DatasetVerdict()
 
 
-def refuse_threads(dataset: object) -> None:
-    """Refuse thread workers for a dataset that resumes from a count of samples.
+def thread_copies(dataset: object, configs: list[WorkerConfig]) -> list[WorkerConfig]:
+    """``configs``, each thread worker given its own copy of a counted dataset.
 
-    Both libraries find their worker with torch's ``get_worker_info``, bound to a name of their
-    own at import (so it answers None in every thread: each thread would read the whole
-    epoch), and keep the iteration's state on the dataset object, which thread workers share.
+    Both libraries keep an iteration's state on the dataset object (litdata's ``__iter__``
+    returns the dataset itself), which process workers each have a copy of and thread workers
+    would share: each thread is given the copy a spawned process would get (a pickle round
+    trip, made when the workers start, after any ``load_state_dict``). They find their worker
+    with torch's ``get_worker_info``, which answers in ferry's threads once
+    :func:`ferry._core.info.publish_threads_to_torch` has run. Other datasets are shared, as
+    thread workers share them.
     """
     counted = _recognize(dataset) if _has_state_methods(dataset) else None
     if counted is None or snapshots_itself(dataset):
-        return
-    raise RuntimeError(
-        f"worker_type='thread' cannot load {type(dataset).__name__} ({counted.library}): it "
-        "finds its worker with torch's get_worker_info, which answers in worker processes "
-        "only, and keeps each iteration's position on the dataset object, which thread "
-        "workers share, so every thread would read the whole epoch. Use "
-        "worker_type='process' (the default) or num_workers=0."
-    )
+        return configs
+    try:
+        copies = [pickle.loads(pickle.dumps(dataset)) for _ in configs]
+    except Exception as exc:
+        raise RuntimeError(
+            f"worker_type='thread' needs a copy of {type(dataset).__name__} ({counted.library}) "
+            "for each thread (it keeps each iteration's position on the dataset object), and "
+            f"pickling it failed: {type(exc).__name__}: {exc}. Use worker_type='process' (the "
+            "default) or num_workers=0."
+        ) from exc
+    return [replace(config, dataset=copy) for config, copy in zip(configs, copies, strict=True)]
 
 
 @dataclass(frozen=True)

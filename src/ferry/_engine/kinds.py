@@ -6,9 +6,11 @@ say what they are doing, and talk to the main process: chosen once per iterator
   batches come back through shared-memory slabs (by name under torch's ``file_system`` sharing
   strategy); each worker seeds and reports its own generators; a dead one can be replaced
   (``max_worker_restarts``); a stuck one says its stack when asked (its reader thread answers).
-* :class:`ThreadWorkers`: one thread each in the main process, sharing the dataset, its
-  generators and one pool of per-sample reads; batches are handed over as they are; a thread
-  dies only of a bug of ferry's, so it is never replaced; its stack is read from here.
+* :class:`ThreadWorkers`: one thread each in the main process, sharing the dataset (a dataset
+  resumed from a count of samples: a copy each, see
+  :func:`~ferry._engine.counted.thread_copies`), its generators and one pool of per-sample reads;
+  batches are handed over as they are; a thread dies only of a bug of ferry's, so it is never
+  replaced; its stack is read from here.
 
 Each kind's workers are held by handles of its own (:class:`~ferry._engine.group.ProcessHandle`,
 :class:`~ferry._engine.group.ThreadHandle`), which its channel and its methods take. The
@@ -23,9 +25,9 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ferry._core.info import check_thread_sharding, publish_threads_to_torch
+from ferry._core.info import publish_threads_to_torch
 from ferry._engine.channels import Channel, ProcessChannel, ThreadChannel
-from ferry._engine.counted import refuse_threads
+from ferry._engine.counted import thread_copies
 from ferry._engine.group import (
     ProcessHandle,
     ThreadHandle,
@@ -156,8 +158,7 @@ class ThreadWorkers(WorkerKind[ThreadHandle]):
         self, group: WorkerGroup[ThreadHandle], configs: list[WorkerConfig], plan: EpochPlan
     ) -> None:
         if plan.iterable_style:
-            check_thread_sharding(plan.dataset)
-            refuse_threads(plan.dataset)
+            configs = thread_copies(plan.dataset, configs)
         publish_threads_to_torch()
         start_threads(group, configs, plan)
 

@@ -201,7 +201,7 @@ def diagnose(loader: Any, spec: str, args: argparse.Namespace, console: Console)
     if worth_probing_threads(findings):
         try:
             probe = probe_threads(options, findings.work_per_batch_s, bound, console)
-        except Exception as exc:  # thread workers may be refused (a stream that cannot shard)
+        except Exception as exc:  # threads may fail where processes work (an unpicklable copy)
             notes.append(f"Threads: not probed, thread workers failed: {type(exc).__name__}: {exc}")
         else:
             findings = dataclasses.replace(findings, threads=probe)
