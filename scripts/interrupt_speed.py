@@ -47,7 +47,7 @@ if lib == "torch":
 else:
     from ferry import DataLoader
     if "pin" in options:  # a stand-in copy where no accelerator is (see pin_standin.py)
-        import ferry.loader, ferry._engine.pin as pin
+        import ferry.loader, ferry._engine.transport.pin as pin
         ferry.loader.accelerator_available = lambda: True
         pin._pin_tensor = lambda tensor, device: tensor.clone()
 if strategy:

@@ -15,7 +15,8 @@ is a fresh interpreter; while it runs this script samples, about every 20 ms:
 The peak of each, over the run, is kept; the table shows the median over ``--rounds`` rounds
 (the loaders alternate within a round). ``--impl`` picks the loaders: ``ferry``, ``torch``, and
 ferry with every slab kept for reuse (``ferry-reuse``) or carrying one batch (``ferry-one-batch``),
-whatever its size (``ferry._engine.shm.REUSE_LIMIT`` set in the run, before the workers fork).
+whatever its size (``ferry._engine.transport.shm.REUSE_LIMIT`` set in the run, before the
+workers fork).
 
 ``--handoff`` measures what that choice costs in time instead: a dataset that returns one
 preallocated tensor (so moving the batch is all there is), 2 workers, two epochs of 60 batches
@@ -44,7 +45,7 @@ import sys, time, torch
 impl = sys.argv[1]
 if impl.startswith("ferry"):
     from ferry import DataLoader
-    from ferry._engine import shm
+    from ferry._engine.transport import shm
     shm.REUSE_LIMIT = {"ferry-reuse": 1 << 62, "ferry-one-batch": 0}.get(impl, shm.REUSE_LIMIT)
 else:
     from torch.utils.data import DataLoader

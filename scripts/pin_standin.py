@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 _RUN = """
-import statistics, sys, time, torch, ferry, ferry.loader, ferry._engine.pin as pin
+import statistics, sys, time, torch, ferry, ferry.loader, ferry._engine.transport.pin as pin
 ferry.loader.accelerator_available = lambda: True
 pin._pin_tensor = lambda tensor, device: tensor.clone()
 workers, step = int(sys.argv[1]), float(sys.argv[2]) / 1000

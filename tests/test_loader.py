@@ -31,7 +31,7 @@ from _support.compare import (
     outcome,
     stream_dataset,
 )
-from ferry._engine.pin import accelerator_available
+from ferry._engine.transport.pin import accelerator_available
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 
@@ -677,7 +677,7 @@ def test_an_inline_iterator_reset_goes_on_as_a_new_one() -> None:
 
 
 def test_iterable_fetcher_stops_for_good_and_drops_the_short_batch() -> None:
-    from ferry._engine.fetch import IterableFetcher, MapFetcher, make_fetcher
+    from ferry._engine.work.fetch import IterableFetcher, MapFetcher, make_fetcher
 
     opened = []
 

@@ -24,7 +24,7 @@ from torchdata.stateful_dataloader.sampler import RandomSampler as TorchdataRand
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 import ferry
-from ferry._engine.keys import builtin_source
+from ferry._engine.position.keys import builtin_source
 from ferry.distributed import DistributedSampler
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")

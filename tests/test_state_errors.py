@@ -1,6 +1,6 @@
 """The errors a saved state can raise as it is loaded are ``ferry.errors``' (where users look for
 ferry's exceptions), ValueErrors as torch's loaders raise, and still importable where they were
-first defined (``ferry._engine.cursor``)."""
+first defined (``ferry._engine.position.cursor``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 import ferry
 import ferry.errors
-from ferry._engine import cursor
+from ferry._engine.position import cursor
 
 
 def test_the_state_errors_are_exported_by_ferry_errors() -> None:

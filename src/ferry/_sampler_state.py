@@ -2,7 +2,7 @@
 
 :class:`SamplerRun` records how one iteration of a built-in sampler began (a generator state,
 a seed drawn from torch's global RNG) and where it resumes; the loader's resume
-(:mod:`ferry._engine.keys`) and the samplers' own ``state_dict()``/``load_state_dict()``
+(:mod:`ferry._engine.position.keys`) and the samplers' own ``state_dict()``/``load_state_dict()``
 (:class:`_IterationState`, the Stateful API of torchdata's samplers) are both made from it.
 Split from :mod:`ferry.samplers`, which re-exports what is public.
 """

@@ -14,12 +14,12 @@ import torch
 from ferry._batching import batch_count
 from ferry._core.alloc import BufferPool
 from ferry._core.rng import ready_to_fork
-from ferry._engine.autotune import Tuner
 from ferry._engine.failures import DEFAULT_STALL_WARNING, FailurePolicy, OnError
 from ferry._engine.iterator import InlineIterator, LoaderIterator
-from ferry._engine.pin import accelerator_available, accelerator_type
 from ferry._engine.plan import EpochPlan
-from ferry._engine.resume import Resumer, fit_workers
+from ferry._engine.position.resume import Resumer, fit_workers
+from ferry._engine.transport.pin import accelerator_available, accelerator_type
+from ferry._engine.tuning.autotune import Tuner
 from ferry._sampling import resolve_sampling
 from ferry._torch_types import TorchDataLoader, TorchTwin
 from ferry._validate import (

@@ -95,7 +95,7 @@ class LoaderStats:
     # What num_workers="auto"/prefetch_factor="auto" chose and why ("" when neither is used).
     tuning: str = ""
     # Samples being read at once, at most (workers x per-sample reads of a batch: thread
-    # workers read a batch's samples at once when they wait, see ferry._engine.reads), and how
+    # workers read a batch's samples at once when they wait, see ferry._engine.work.reads), and how
     # many times its CPU time a read waits (0: not measured: process workers, inline).
     concurrency: int = 0
     read_wait_ratio: float = 0.0
@@ -287,8 +287,8 @@ class StatsRecorder:
         # Each process worker's memory at its first measure of the epoch and its latest.
         self.memory_first = [-1] * num_workers
         self.memory_latest = [-1] * num_workers
-        self.reads: Any = None  # thread workers' SampleReads (ferry._engine.reads), if any
-        # Process workers' channel (ferry._engine.channels): the shared memory mapped here.
+        self.reads: Any = None  # thread workers' SampleReads (ferry._engine.work.reads), if any
+        # Process workers' channel (ferry._engine.crew.channels): the shared memory mapped here.
         self.shared: Any = None
         # CPU seconds the threads that made the measured batches used making them, and the
         # wall seconds those batches took (fetch and collate): see fetch.CPU_SAMPLE.
@@ -377,7 +377,7 @@ class StatsRecorder:
         self.memory_first[worker_id] = self.memory_latest[worker_id] = -1
 
     def worker_made(self, worker_id: int, timing: Any) -> None:
-        """A worker's figures for one batch it made (a ``ferry._engine.messages.Timing``)."""
+        """A worker's figures for one batch it made (a ``ferry._engine.work.fetch.Timing``)."""
         self.fetch += timing.fetch_s
         self.collate += timing.collate_s
         self.hand_off += timing.hand_off_s

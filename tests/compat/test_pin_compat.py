@@ -19,7 +19,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
 from _support.compare import HYPOTHESIS, assert_same
 from _support.strategies import CONTAINERS, Pair, Record, build_container
-from ferry._engine.pin import pin_batch
+from ferry._engine.transport.pin import pin_batch
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 

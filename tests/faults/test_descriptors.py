@@ -38,8 +38,8 @@ import torch
 import ferry
 from _support import datasets as ds
 from _support.processes import exited, open_fds, poll, shared_mapping_of
-from ferry._engine import shm
-from ferry._engine.slabfile import DescriptorLimitReached
+from ferry._engine.transport import shm
+from ferry._engine.transport.slabfile import DescriptorLimitReached
 from ferry.errors import WorkerDied
 
 pytestmark = [

@@ -25,7 +25,7 @@ import pytest
 import ferry
 from _support import datasets as ds
 from _support.processes import exited
-from ferry._engine import group
+from ferry._engine.crew import group
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from _support.processes import open_fds
-from ferry._engine import shm
+from ferry._engine.transport import shm
 
 GUIDANCE = ("shared memory", "batch_size", "num_workers", "prefetch_factor", "worker_type='thread'")
 
@@ -57,10 +57,10 @@ def test_a_slab_announced_without_its_descriptor_yet_does_not_block() -> None:
     import multiprocessing
     import pickle
 
-    from ferry._engine.channels import ProcessChannel
-    from ferry._engine.group import ProcessHandle
-    from ferry._engine.messages import Done, NewSlab
-    from ferry._engine.slabfile import send_fd
+    from ferry._engine.crew.channels import ProcessChannel
+    from ferry._engine.crew.group import ProcessHandle
+    from ferry._engine.transport.messages import Done, NewSlab
+    from ferry._engine.transport.slabfile import send_fd
 
     ours, theirs = multiprocessing.Pipe(duplex=True)
     worker = ProcessHandle(0, multiprocessing.Process(), ours)  # (not started: its pipe is read)

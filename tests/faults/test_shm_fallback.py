@@ -30,7 +30,7 @@ import torch
 import ferry
 from _support import datasets as ds
 from _support.processes import shared_mapping_of
-from ferry._engine import shm, slabfile
+from ferry._engine.transport import shm, slabfile
 from ferry.errors import SharedMemoryWarning
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""Datasets whose ``state_dict`` is not torchdata's (``_engine/counted.py``).
+"""Datasets whose ``state_dict`` is not torchdata's (``_engine/position/counted.py``).
 
 A ``state_dict`` that needs arguments is never called with none: the loader iterates the
 dataset as torch's does, warns once, and resumes it as a dataset without state (map-style: the
@@ -18,8 +18,8 @@ import pytest
 import torch.utils.data as tud
 
 import ferry
-from ferry._engine import position
-from ferry._engine.counted import judge_dataset, snapshots_itself
+from ferry._engine.position import keeper
+from ferry._engine.position.counted import judge_dataset, snapshots_itself
 
 pytestmark = [pytest.mark.usefixtures("guard_global_state"), pytest.mark.timeout(60)]
 
@@ -29,7 +29,7 @@ ROWS = 40
 @pytest.fixture(autouse=True)
 def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a new process: no class's raising state_dict seen yet (it is said once each)."""
-    monkeypatch.setattr(position, "_RAISED", set())
+    monkeypatch.setattr(keeper, "_RAISED", set())
 
 
 class Squares(ferry.Dataset[int]):

@@ -1,4 +1,5 @@
-"""Async map-style datasets (``async def __getitem__`` / ``__getitems__``, ``ferry._engine.aio``).
+"""Async map-style datasets (``async def __getitem__`` / ``__getitems__``,
+``ferry._engine.work.aio``).
 
 torch hands the coroutine objects to ``collate_fn``; ferry awaits them on an event loop of its
 own, many at once. What must hold: the batches and order of the equivalent sync dataset under
@@ -23,9 +24,9 @@ import torch.utils.data as tud
 
 import ferry
 from _support.resume import assert_resumes_exactly
-from ferry._engine.aio import IN_FLIGHT, AsyncReads, is_async_dataset
-from ferry._engine.fetch import make_fetcher
-from ferry._engine.reads import Failed, SampleReads
+from ferry._engine.work.aio import IN_FLIGHT, AsyncReads, is_async_dataset
+from ferry._engine.work.fetch import make_fetcher
+from ferry._engine.work.reads import Failed, SampleReads
 from ferry.collate import default_collate
 
 LATENCY = 0.003

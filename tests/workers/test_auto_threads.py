@@ -21,8 +21,8 @@ import torch.utils.data as tud
 
 import ferry
 from _support.resume import assert_resumes_exactly
-from ferry._engine.reads import PARALLEL_FROM, SampleReads
-from ferry._engine.switch import WaitJudge
+from ferry._engine.tuning.switch import WaitJudge
+from ferry._engine.work.reads import PARALLEL_FROM, SampleReads
 from workers.test_sample_reads import Waiting, _wait_no_reads
 
 

@@ -22,8 +22,8 @@ import ferry
 from _support import datasets as ds
 from _support.compare import assert_same
 from _support.processes import FAST, Kind, exited, poll, worker_pids
-from ferry._engine import autotune
-from ferry._engine.autotune import Tuner
+from ferry._engine.tuning import autotune
+from ferry._engine.tuning.autotune import Tuner
 from ferry.stats import LoaderStats, WorkerStats
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -27,7 +27,7 @@ import torch.utils.data as tud
 import ferry
 from _support import datasets as ds
 from _support.processes import Kind, descendants, ferry_threads, open_fds, reaped
-from ferry._engine.group import WorkerHandle
+from ferry._engine.crew.group import WorkerHandle
 from ferry.errors import WorkerDied
 from workers import corner_datasets as cd
 
@@ -155,9 +155,9 @@ def test_a_stopping_group_reads_a_pipe_without_mapping_its_slabs() -> None:
     import multiprocessing
     import pickle
 
-    from ferry._engine.group import ProcessHandle
-    from ferry._engine.messages import NewSlab, Stop
-    from ferry._engine.slabfile import send_fd
+    from ferry._engine.crew.group import ProcessHandle
+    from ferry._engine.transport.messages import NewSlab, Stop
+    from ferry._engine.transport.slabfile import send_fd
 
     ours, theirs = multiprocessing.Pipe(duplex=True)
     worker = ProcessHandle(0, multiprocessing.Process(), ours)  # (not started: its pipe is read)

@@ -31,10 +31,13 @@ import ferry
 from _support.datasets import AllAtOnce, Indices
 from _support.resume import assert_resumes_exactly
 from ferry._core.alloc import expect_batch, using_allocator
-from ferry._engine import channels, group, kinds, shm, switch
-from ferry._engine.messages import Done, Timing
-from ferry._engine.reads import SampleReads
-from ferry._engine.switch import HeldWorkers, ThreadSwitch
+from ferry._engine.crew import channels, group, kinds
+from ferry._engine.transport import shm
+from ferry._engine.transport.messages import Done
+from ferry._engine.tuning import switch
+from ferry._engine.tuning.switch import HeldWorkers, ThreadSwitch
+from ferry._engine.work.fetch import Timing
+from ferry._engine.work.reads import SampleReads
 from ferry._sampler_keys import first_draw_bytes
 from ferry.samplers import BatchSampler, RandomSampler, SequentialSampler
 from ferry.stats import StatsRecorder

@@ -21,7 +21,7 @@ import torch.utils.data as tud
 import ferry
 from ferry._core import memory
 from ferry._core.memory import COPY_ON_WRITE, MemorySampler, anon_bytes, growth_verdict
-from ferry._engine import switch
+from ferry._engine.tuning import switch
 from ferry.stats import LoaderStats, StatsRecorder
 
 linux = pytest.mark.skipif(
@@ -354,7 +354,7 @@ def test_slabs_are_kept_for_reuse_up_to_a_share_of_the_available_memory(
     """A 150 MB batch of float32 images keeps its slab (its hand-off stays a few ms) on a
     machine with memory to spare; a 1 GiB batch on a 24 GiB machine does not (its memory goes
     back as soon as the batch is dropped, as torch's does)."""
-    from ferry._engine import shm
+    from ferry._engine.transport import shm
 
     monkeypatch.setattr(shm, "available_memory", lambda: 32 << 30)
     assert shm.reuse_limit() == 512 * MiB

@@ -34,13 +34,13 @@ import torch
 import torch.utils.data as tud
 
 import ferry
-import ferry._engine.pin as pin_module
+import ferry._engine.transport.pin as pin_module
 import ferry.loader
 from _support import datasets as ds
 from _support.compare import assert_same
 from _support.processes import FAST, Kind, ferry_threads, poll
 from _support.resume import assert_resumes_exactly
-from ferry._engine.pin import Pinner
+from ferry._engine.transport.pin import Pinner
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -411,7 +411,7 @@ def test_with_persistent_workers_one_budget_spans_the_epochs(tmp_path: Path) -> 
 def test_thread_workers_are_never_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread worker ends only through a bug of ferry's: it is reported as WorkerDied even
     with restarts allowed (simulated by a worker thread that returns at once, holding tasks)."""
-    from ferry._engine import group
+    from ferry._engine.crew import group
 
     def vanish(*args: Any, **kwargs: Any) -> None:
         return None

@@ -1,4 +1,4 @@
-"""Per-sample parallel reads in thread workers (``ferry._engine.reads``).
+"""Per-sample parallel reads in thread workers (``ferry._engine.work.reads``).
 
 When the samples of a map-style dataset wait (a sleep stands for a network read), thread workers
 read the samples of a batch at once instead of one after another. What must not change: the
@@ -21,7 +21,7 @@ import torch.utils.data as tud
 import ferry
 from _support.datasets import AllAtOnce
 from _support.resume import assert_resumes_exactly
-from ferry._engine.reads import PARALLEL_FROM, Failed, SampleReads, busy_of
+from ferry._engine.work.reads import PARALLEL_FROM, Failed, SampleReads, busy_of
 
 LATENCY = 0.004
 

@@ -25,8 +25,8 @@ import torch
 import ferry
 from _support import datasets as ds
 from _support.processes import poll
-from ferry._engine import shm
-from ferry._engine.messages import NewSlab
+from ferry._engine.transport import shm
+from ferry._engine.transport.messages import NewSlab
 
 pytestmark = pytest.mark.skipif(not shm.SLABS_SUPPORTED, reason="no memfd_create on this platform")
 

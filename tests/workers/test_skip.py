@@ -244,7 +244,7 @@ def test_tensor_dataset_batches_drop_indices_that_fail(engine: dict[str, Any]) -
 def test_failing_batch_is_fetched_again_index_by_index(engine: dict[str, Any]) -> None:
     """A batch whose fetch succeeds is fetched once; one that raises is fetched again index by
     index (the first try stopped at the failing index). Thread workers read sample by sample
-    (ferry._engine.reads), so there every index is read once."""
+    (ferry._engine.work.reads), so there every index is read once."""
     dataset = sd.Flaky(9, {4})
     loader = skipping(dataset, engine, batch_size=3)
     assert epoch(loader) == [[0, 1, 2], [3, 5], [6, 7, 8]]

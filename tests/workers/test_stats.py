@@ -86,7 +86,7 @@ def test_figures_add_up(engine: str) -> None:
     stats = loader.stats()
     consistent(stats, 12)
     # 48 fetches of 2 ms each: the fetch stage holds them (thread workers read the samples of
-    # a batch at once when they wait, ferry._engine.reads: at least one read per batch).
+    # a batch at once when they wait, ferry._engine.work.reads: at least one read per batch).
     reads = 12 if stats.engine == "thread" else 48
     assert stats.fetch_s >= reads * 0.002
     assert stats.engine == (

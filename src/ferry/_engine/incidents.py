@@ -13,21 +13,21 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from ferry._engine.channels import Channel, WorkerGone, WorkerMessage
-from ferry._engine.cursor import WorkerCursor
-from ferry._engine.group import WorkerGroup, WorkerHandle
-from ferry._engine.kinds import WorkerKind
-from ferry._engine.messages import Stack
-from ferry._engine.plan import EpochPlan
-from ferry._engine.schedule import Scheduler
-from ferry._engine.stall import (
+from ferry._engine.crew.channels import Channel, WorkerGone, WorkerMessage
+from ferry._engine.crew.group import WorkerGroup, WorkerHandle
+from ferry._engine.crew.kinds import WorkerKind
+from ferry._engine.crew.stall import (
     STACK_REPLY_TIMEOUT,
     Holder,
     Pending,
     stall_message,
 )
-from ferry._engine.track import EpochTrack
-from ferry._engine.worker import WorkerConfig
+from ferry._engine.crew.worker import WorkerConfig
+from ferry._engine.plan import EpochPlan
+from ferry._engine.position.cursor import WorkerCursor
+from ferry._engine.position.track import EpochTrack
+from ferry._engine.schedule import Scheduler
+from ferry._engine.transport.messages import Stack
 from ferry.errors import (
     StallWarning,
     WorkerDied,
@@ -67,7 +67,7 @@ class Incidents:
 
     def _report_stall(self, waited: float) -> None:
         """Warn (:class:`StallWarning`) with what each worker holding unfinished batches is
-        doing (see :mod:`ferry._engine.stall`)."""
+        doing (see :mod:`ferry._engine.crew.stall`)."""
         assert self._stall is not None
         holding = self._schedule.holding()
         self._stacks = self._kind.stacks(self._workers, holding, self._stack_answers)

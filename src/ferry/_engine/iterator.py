@@ -5,7 +5,7 @@
 handed to the user), counting and the length check for iterable datasets, and pinning. An
 engine supplies ``_next_batch()``.
 
-Every epoch begins from a :class:`~ferry._engine.cursor.Cursor`: a fresh one is the zero
+Every epoch begins from a :class:`~ferry._engine.position.cursor.Cursor`: a fresh one is the zero
 cursor, a resumed one is the cursor a state was loaded from. The order of random draws
 matches torch: the sampler is asked for its iterator first, then the base seed is drawn from
 the loader's generator (or torch's global RNG), and a shuffling sampler draws its own seed
@@ -28,15 +28,27 @@ import torch
 
 from ferry._batching import batch_count
 from ferry._core.rng import generator_from_state, generator_state, set_generator_state
-from ferry._engine.aio import AsyncReads, is_async_dataset
-from ferry._engine.cursor import (
+from ferry._core.stateful import has_state_methods
+from ferry._engine.failures import SkipBudget
+from ferry._engine.plan import EpochPlan
+from ferry._engine.position.cursor import (
     Cursor,
     RunCounts,
     WorkerCursor,
     run_numbers,
 )
-from ferry._engine.failures import SkipBudget
-from ferry._engine.fetch import (
+from ferry._engine.position.keeper import PositionKeeper
+from ferry._engine.position.keys import (
+    EpochKeys,
+    KeysCursor,
+    builtin_source,
+    draws_from_global,
+    restore_between_epochs,
+)
+from ferry._engine.position.track import Delivery, EpochTrack, guard_replay
+from ferry._engine.transport.pin import pin_batch
+from ferry._engine.work.aio import AsyncReads, is_async_dataset
+from ferry._engine.work.fetch import (
     DROPPED,
     IterableFetcher,
     MapFetcher,
@@ -44,18 +56,6 @@ from ferry._engine.fetch import (
     make_fetcher,
     one_call_gather,
 )
-from ferry._engine.keys import (
-    EpochKeys,
-    KeysCursor,
-    builtin_source,
-    draws_from_global,
-    restore_between_epochs,
-    stateful_part,
-)
-from ferry._engine.pin import pin_batch
-from ferry._engine.plan import EpochPlan
-from ferry._engine.position import PositionKeeper
-from ferry._engine.track import Delivery, EpochTrack, guard_replay
 from ferry._torch_types import TorchLoaderIterator
 from ferry.errors import TooManyErrors
 
@@ -429,7 +429,7 @@ class InlineIterator(LoaderIterator):
         if self._plan.iterable_style or start.num_workers or len(start.workers) != 1:
             return
         state = start.workers[0].snapshot.dataset
-        if state is None or not stateful_part(dataset):
+        if state is None or not has_state_methods(dataset):
             return
         if start.started and not start.finished and start.position:
             self._track.keys.exhausted()

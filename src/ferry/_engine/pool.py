@@ -3,13 +3,14 @@
 Which worker makes which batch, and the order they are handed out in (torch's: round-robin,
 ``prefetch_factor`` tasks a worker, ``in_order``), is the scheduler's
 (:class:`~ferry._engine.schedule.Scheduler`); how workers of one kind start, talk and are
-replaced is their kind's (:mod:`ferry._engine.kinds`).
-Tasks and typed messages travel through one :class:`~ferry._engine.channels.Channel`, which
+replaced is their kind's (:mod:`ferry._engine.crew.kinds`).
+Tasks and typed messages travel through one :class:`~ferry._engine.crew.channels.Channel`, which
 notices a dead worker as it dies and measures ``timeout`` in the same wait. Dead, stalled or late
 workers: :mod:`ferry._engine.incidents`; ``num_workers="auto"``'s move to threads:
-:mod:`ferry._engine.switch`. Teardown is :meth:`ferry._engine.group.WorkerGroup.shutdown`
-(layered, bounded), run through ``weakref.finalize`` when the epoch ends, on a fatal error, when
-the iterator is collected, or at interpreter exit.
+:mod:`ferry._engine.tuning.switch`. Teardown is
+:meth:`ferry._engine.crew.group.WorkerGroup.shutdown` (layered, bounded), run through
+``weakref.finalize`` when the epoch ends, on a fatal error, when the iterator is collected, or
+at interpreter exit.
 """
 
 from __future__ import annotations
@@ -20,27 +21,35 @@ from typing import Any
 
 from typing_extensions import assert_never
 
-from ferry._engine.aio import AsyncReads, is_async_dataset
-from ferry._engine.channels import WorkerGone, WorkerMessage
-from ferry._engine.counted import snapshots_itself
-from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor
-from ferry._engine.failures import SkipBudget
-from ferry._engine.fetch import DROPPED
-from ferry._engine.group import (
+from ferry._engine.crew.channels import WorkerGone, WorkerMessage
+from ferry._engine.crew.group import (
     WorkerGroup,
 )
+from ferry._engine.crew.kinds import worker_kind
+from ferry._engine.crew.worker import WorkerConfig
+from ferry._engine.failures import SkipBudget
 from ferry._engine.incidents import Incidents
 from ferry._engine.iterator import LoaderIterator
-from ferry._engine.kinds import worker_kind
-from ferry._engine.messages import Done, Exhausted, Failed, FirstLook, Ready, Resume, Stack
-from ferry._engine.pin import PinJob, Pinner
 from ferry._engine.plan import EpochPlan
-from ferry._engine.reads import POOL_LIMIT
+from ferry._engine.position.counted import snapshots_itself
+from ferry._engine.position.cursor import Cursor, RunCounts, WorkerCursor
+from ferry._engine.position.track import Delivery
 from ferry._engine.schedule import Scheduler, TaskId
-from ferry._engine.slabfile import DescriptorLimitReached
-from ferry._engine.switch import EndMeasure, HeldWorkers, ThreadMove, ThreadSwitch
-from ferry._engine.track import Delivery
-from ferry._engine.worker import WorkerConfig
+from ferry._engine.transport.messages import (
+    Done,
+    Exhausted,
+    Failed,
+    FirstLook,
+    Ready,
+    Resume,
+    Stack,
+)
+from ferry._engine.transport.pin import PinJob, Pinner
+from ferry._engine.transport.slabfile import DescriptorLimitReached
+from ferry._engine.tuning.switch import EndMeasure, HeldWorkers, ThreadMove, ThreadSwitch
+from ferry._engine.work.aio import AsyncReads, is_async_dataset
+from ferry._engine.work.fetch import DROPPED
+from ferry._engine.work.reads import POOL_LIMIT
 from ferry.errors import (
     WorkerDied,
     WorkerTimeout,

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NewType
 
-from ferry._engine.cursor import WorkerCursor
-from ferry._engine.fetch import Outcome
+from ferry._engine.position.cursor import WorkerCursor
+from ferry._engine.work.fetch import Outcome
 
 __all__ = ["Scheduler", "Task", "TaskId"]
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferry._engine.keys import stateful_part
+from ferry._core.stateful import has_state_methods
 from ferry._torch_types import TorchSubset
 from ferry.datasets import is_iterable_style
 from ferry.doctor.measure import Measurement, ThreadProbe
@@ -227,13 +227,13 @@ def _reads_wait(f: Findings) -> float:
 def waiting_reads(f: Findings) -> Advice | None:
     """The loader is the bottleneck and its batches took many times the CPU time they used:
     the reads wait (network, object store). Thread workers read the samples of a batch at once
-    when they wait (ferry._engine.reads), so concurrency is no longer workers x 1; more
+    when they wait (ferry._engine.work.reads), so concurrency is no longer workers x 1; more
     processes would each still read one sample at a time."""
     if f.options.get("worker_type", "process") == "thread" or not f.loader_bound:
         return None
     ratio = _reads_wait(f)
     dataset = f.options["dataset"]
-    if not ratio or is_iterable_style(dataset) or stateful_part(dataset):
+    if not ratio or is_iterable_style(dataset) or has_state_methods(dataset):
         return None
     workers = max(f.workers, 2)
     reason = (

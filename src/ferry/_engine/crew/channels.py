@@ -6,7 +6,7 @@ kind it runs:
 * :class:`ProcessChannel`: one pipe per worker process; the main process waits on every pipe
   *and* every process sentinel at once (:func:`multiprocessing.connection.wait`), so a worker
   that dies is noticed as soon as it dies. Batches arrive as pickles whose tensors live in
-  shared-memory slabs (:mod:`ferry._engine.shm`); index tensors travel as plain ints.
+  shared-memory slabs (:mod:`ferry._engine.transport.shm`); index tensors travel as plain ints.
 * :class:`ThreadChannel`: thread workers put their messages on one shared queue; objects pass
   as they are.
 
@@ -14,7 +14,7 @@ kind it runs:
 inside) or None when ``wait_for`` passed; a worker found dead raises :class:`WorkerGone`.
 
 Freed slabs go back to their worker with its next task, or are retired (closed, their memory
-returned) when the worker could not use them (see :mod:`ferry._engine.slabmaps`); once the
+returned) when the worker could not use them (see :mod:`ferry._engine.transport.slabmaps`); once the
 iterator says no task is left to send this epoch (:meth:`Channel.no_more_tasks`), every slab
 freed from then on is retired at the next :meth:`Channel.receive`.
 """
@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from multiprocessing.connection import wait
 from typing import Any, Generic, TypeVar, cast
 
-from ferry._engine.group import ProcessHandle, ThreadHandle, WorkerGroup, WorkerHandle
-from ferry._engine.messages import (
+from ferry._engine.crew.group import ProcessHandle, ThreadHandle, WorkerGroup, WorkerHandle
+from ferry._engine.transport.messages import (
     Done,
     Exhausted,
     Failed,
@@ -43,7 +43,7 @@ from ferry._engine.messages import (
     Retire,
     Stack,
 )
-from ferry._engine.slabfile import SHM_DIR, shm_space
+from ferry._engine.transport.slabfile import SHM_DIR, shm_space
 from ferry.errors import SharedMemoryWarning, warn_from_user_code
 
 __all__ = [

@@ -13,8 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ferry._engine.group import ThreadHandle
-from ferry._engine.messages import Stack
+from ferry._engine.crew.group import ThreadHandle
+from ferry._engine.transport.messages import Stack
 from ferry.errors import describe_key
 
 __all__ = ["STACK_REPLY_TIMEOUT", "stall_message", "thread_stacks"]

@@ -1,8 +1,8 @@
 """Worker side: one module-level entry point per worker kind, one loop shared by both.
 
 A worker receives one frozen, picklable :class:`WorkerConfig`, seeds itself, runs the user's
-``worker_init_fn``, then answers :class:`~ferry._engine.messages.Fetch` messages with batches
-made by the same fetch path the main process uses (:mod:`ferry._engine.fetch`).
+``worker_init_fn``, then answers :class:`~ferry._engine.transport.messages.Fetch` messages with
+batches made by the same fetch path the main process uses (:mod:`ferry._engine.work.fetch`).
 
 Process workers ignore SIGINT (Ctrl-C is the main process's to handle) and watch their parent:
 a reader thread drains the connection so the main process never blocks sending, and exits the
@@ -36,9 +36,9 @@ from ferry._core.info import WorkerInfo, set_process_worker_info, set_thread_wor
 from ferry._core.memory import MemorySampler
 from ferry._core.ranks import inherit_rank_world, process_group_rank_world
 from ferry._core.rng import seed_torch
-from ferry._engine.cursor import WorkerCursor
-from ferry._engine.fetch import DROPPED, IterableFetcher, MapFetcher, make_batch, make_fetcher
-from ferry._engine.messages import (
+from ferry._engine.position.cursor import WorkerCursor
+from ferry._engine.position.keeper import PositionKeeper
+from ferry._engine.transport.messages import (
     Done,
     Exhausted,
     Failed,
@@ -53,10 +53,10 @@ from ferry._engine.messages import (
     StackRequest,
     Stop,
 )
-from ferry._engine.position import PositionKeeper
-from ferry._engine.reads import SampleReads
-from ferry._engine.shm import SLABS_SUPPORTED, SlabAllocator, encode_batch
-from ferry._engine.slabfile import remove_names, send_fd
+from ferry._engine.transport.shm import SLABS_SUPPORTED, SlabAllocator, encode_batch
+from ferry._engine.transport.slabfile import remove_names, send_fd
+from ferry._engine.work.fetch import DROPPED, IterableFetcher, MapFetcher, make_batch, make_fetcher
+from ferry._engine.work.reads import SampleReads
 
 if TYPE_CHECKING:
     from ferry._engine.plan import EpochPlan

@@ -2,9 +2,9 @@
 
 A *slab* is a shared-memory file owned by the worker that made it: anonymous (``memfd_create``),
 so nothing is ever left in ``/dev/shm``, or named under torch's ``file_system`` sharing strategy
-(see :mod:`ferry._engine.slabfile`, which also explains why no process holds a descriptor per
-slab). Its memory goes back to the system when the last process that maps it exits or unmaps
-it, however that process ends.
+(see :mod:`ferry._engine.transport.slabfile`, which also explains why no process holds a
+descriptor per slab). Its memory goes back to the system when the last process that maps it
+exits or unmaps it, however that process ends.
 
 In the worker, :class:`SlabAllocator` is installed as collate's allocator: batch tensors are
 carved out of slabs, so collate writes each sample straight into shared memory. The batch is
@@ -17,7 +17,7 @@ A worker whose named slab cannot get its memory (``/dev/shm`` is full or too sma
 slabs anonymous from then on, and says so once with the next ``NewSlab`` (``fallback``), so the
 main process can warn; only when anonymous memory fails too is the batch's error raised.
 
-In the main process, :class:`~ferry._engine.slabmaps.SlabMaps` maps each slab once, turns
+In the main process, :class:`~ferry._engine.transport.slabmaps.SlabMaps` maps each slab once, turns
 references back into tensors, and decides which freed slabs the worker gets back and which it
 closes (``Retire``, handled by :meth:`SlabAllocator.retire` in the worker's reader thread).
 """
@@ -37,15 +37,15 @@ from typing import Any
 import torch
 
 from ferry._core.memory import available_memory
-from ferry._engine import slabfile
-from ferry._engine.messages import NewSlab
-from ferry._engine.slabfile import (
+from ferry._engine.transport import slabfile
+from ferry._engine.transport.messages import NewSlab
+from ferry._engine.transport.slabfile import (
     create_file,
     descriptor_limit,
     is_descriptor_limit,
     map_file,
 )
-from ferry._engine.slabmaps import RECENT_BATCHES, SlabMaps, extent_bytes
+from ferry._engine.transport.slabmaps import RECENT_BATCHES, SlabMaps, extent_bytes
 
 __all__ = ["SLABS_SUPPORTED", "Slab", "SlabAllocator", "SlabMaps", "encode_batch"]
 
@@ -81,7 +81,7 @@ class Slab:
     """One shared-memory file, mapped in the worker that created it.
 
     ``fd`` is held only until the slab is announced to the main process (:meth:`shared`);
-    ``name`` is set when slabs travel by name (see :mod:`ferry._engine.slabfile`).
+    ``name`` is set when slabs travel by name (see :mod:`ferry._engine.transport.slabfile`).
     """
 
     def __init__(self, slab_id: int, size: int, owner_pid: int, named: bool) -> None:

@@ -4,8 +4,8 @@
 torchdata's ``StatefulDataLoader``), an object each loader holds.
 
 :func:`identity_of` is what a state is checked against (see
-:meth:`ferry._engine.cursor.LoaderState.cursor_from_plain`); :func:`warn_replay` says once that
-a stream without state will be fast-forwarded by reading.
+:meth:`ferry._engine.position.cursor.LoaderState.cursor_from_plain`); :func:`warn_replay` says
+once that a stream without state will be fast-forwarded by reading.
 
 Fitting a loaded state to a loader with another number of workers:
 
@@ -29,8 +29,10 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
-from ferry._engine.counted import DatasetPosition, DatasetVerdict, judge_dataset
-from ferry._engine.cursor import (
+from ferry._core.stateful import has_state_methods
+from ferry._engine.failures import SkipBudget
+from ferry._engine.position.counted import DatasetPosition, DatasetVerdict, judge_dataset
+from ferry._engine.position.cursor import (
     Cursor,
     LoaderIdentity,
     LoaderState,
@@ -38,9 +40,7 @@ from ferry._engine.cursor import (
     Snapshot,
     WorkerCursor,
 )
-from ferry._engine.failures import SkipBudget
-from ferry._engine.keys import stateful_part
-from ferry._engine.track import EpochTrack, between_epochs_cursor
+from ferry._engine.position.track import EpochTrack, between_epochs_cursor
 from ferry.errors import StateMismatch
 
 __all__ = ["Resumer", "fit_workers", "identity_of", "warn_replay"]
@@ -141,7 +141,7 @@ class Resumer:
     """The resume side of a :class:`ferry.DataLoader`, an object the loader holds.
 
     It owns what lies between iterators: the state loaded for the next iterator, and the
-    :class:`~ferry._engine.track.EpochTrack` of the last one (which holds no workers), so
+    :class:`~ferry._engine.position.track.EpochTrack` of the last one (which holds no workers), so
     ``state_dict()`` answers whether an iterator is alive, finished or gone.
     """
 
@@ -157,7 +157,7 @@ class Resumer:
         # The type of what the loader's _get_iterator() returned last, when ferry did not make
         # it (an override returned another iterator): its position is unknown to ferry.
         self.foreign: type | None = None
-        # How the dataset's own state is taken (decided once: see _engine/counted.py), and
+        # How the dataset's own state is taken (decided once: see _engine/position/counted.py), and
         # whether a counted dataset was given a state that the next epoch must drop.
         self.verdict: DatasetVerdict | None = None
         self.given = False
@@ -203,7 +203,7 @@ class Resumer:
             # epochs: torchdata's state before iter() holds it too)
             dataset = loader.dataset
             main: tuple[WorkerCursor, ...] = ()
-            if loader.num_workers == 0 and stateful_part(dataset):
+            if loader.num_workers == 0 and has_state_methods(dataset):
                 main = (WorkerCursor(0, None, Snapshot(0, dataset.state_dict())),)
             cursor = between_epochs_cursor(
                 Cursor(num_workers=loader.num_workers, workers=main),

@@ -8,13 +8,14 @@ say what they are doing, and talk to the main process: chosen once per iterator
   (``max_worker_restarts``); a stuck one says its stack when asked (its reader thread answers).
 * :class:`ThreadWorkers`: one thread each in the main process, sharing the dataset (a dataset
   resumed from a count of samples: a copy each, see
-  :func:`~ferry._engine.counted.thread_copies`), its generators and one pool of per-sample reads;
-  batches are handed over as they are; a thread dies only of a bug of ferry's, so it is never
-  replaced; its stack is read from here.
+  :func:`~ferry._engine.position.counted.own_copies`), its generators and one pool of
+  per-sample reads; batches are handed over as they are; a thread dies only of a bug of
+  ferry's, so it is never replaced; its stack is read from here.
 
-Each kind's workers are held by handles of its own (:class:`~ferry._engine.group.ProcessHandle`,
-:class:`~ferry._engine.group.ThreadHandle`), which its channel and its methods take. The
-teardown of both is :meth:`ferry._engine.group.WorkerGroup.shutdown`, which runs the steps of
+Each kind's workers are held by handles of its own
+(:class:`~ferry._engine.crew.group.ProcessHandle`,
+:class:`~ferry._engine.crew.group.ThreadHandle`), which its channel and its methods take. The
+teardown of both is :meth:`ferry._engine.crew.group.WorkerGroup.shutdown`, which runs the steps of
 the group's kind.
 """
 
@@ -23,12 +24,12 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 from ferry._core.info import publish_threads_to_torch
-from ferry._engine.channels import Channel, ProcessChannel, ThreadChannel
-from ferry._engine.counted import thread_copies
-from ferry._engine.group import (
+from ferry._engine.crew.channels import Channel, ProcessChannel, ThreadChannel
+from ferry._engine.crew.group import (
     ProcessHandle,
     ThreadHandle,
     WorkerGroup,
@@ -37,12 +38,13 @@ from ferry._engine.group import (
     start_processes,
     start_threads,
 )
-from ferry._engine.messages import Stack, StackRequest
+from ferry._engine.crew.stall import thread_stacks
+from ferry._engine.crew.worker import WorkerConfig
 from ferry._engine.plan import EpochPlan
-from ferry._engine.reads import SampleReads
-from ferry._engine.slabfile import named_slabs
-from ferry._engine.stall import thread_stacks
-from ferry._engine.worker import WorkerConfig
+from ferry._engine.position.counted import own_copies
+from ferry._engine.transport.messages import Stack, StackRequest
+from ferry._engine.transport.slabfile import named_slabs
+from ferry._engine.work.reads import SampleReads
 
 __all__ = ["ProcessWorkers", "ThreadWorkers", "WorkerKind", "worker_kind"]
 
@@ -157,8 +159,9 @@ class ThreadWorkers(WorkerKind[ThreadHandle]):
     def start(
         self, group: WorkerGroup[ThreadHandle], configs: list[WorkerConfig], plan: EpochPlan
     ) -> None:
-        if plan.iterable_style:
-            configs = thread_copies(plan.dataset, configs)
+        copies = own_copies(plan.dataset, len(configs)) if plan.iterable_style else None
+        if copies is not None:  # (each thread iterates its own: see own_copies)
+            configs = [replace(c, dataset=d) for c, d in zip(configs, copies, strict=True)]
         publish_threads_to_torch()
         start_threads(group, configs, plan)
 

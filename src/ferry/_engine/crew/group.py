@@ -36,14 +36,7 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from ferry._core.rng import ready_to_fork
-from ferry._engine.aio import AsyncReads
-from ferry._engine.messages import NewSlab, Stack, Stop
-from ferry._engine.pin import Pinner
-from ferry._engine.plan import EpochPlan
-from ferry._engine.reads import SampleReads
-from ferry._engine.shm import SlabMaps
-from ferry._engine.slabfile import recv_fd, remove_names
-from ferry._engine.worker import (
+from ferry._engine.crew.worker import (
     Activity,
     WorkerConfig,
     process_worker_main,
@@ -51,6 +44,13 @@ from ferry._engine.worker import (
     sigint_ignored,
     thread_worker_main,
 )
+from ferry._engine.plan import EpochPlan
+from ferry._engine.transport.messages import NewSlab, Stack, Stop
+from ferry._engine.transport.pin import Pinner
+from ferry._engine.transport.shm import SlabMaps
+from ferry._engine.transport.slabfile import recv_fd, remove_names
+from ferry._engine.work.aio import AsyncReads
+from ferry._engine.work.reads import SampleReads
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -216,7 +216,7 @@ class WorkerGroup(Generic[H]):
         # A forked child inherits this object (and the finalizer that calls shutdown); only the
         # process that started the workers may stop them.
         self.owner_pid = os.getpid()
-        # Whether the workers' slabs travel by name (see ferry._engine.slabfile).
+        # Whether the workers' slabs travel by name (see ferry._engine.transport.slabfile).
         self.named_slabs = False
         # Dead workers that were replaced (max_worker_restarts), kept for their slabs.
         self.replaced: list[H] = []

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ferry._core.memory import available_memory as meminfo_available
-from ferry._engine.reads import PARALLEL_FROM
+from ferry._engine.work.reads import PARALLEL_FROM
 from ferry._validate import as_int, available_cpus
 from ferry.stats import LoaderStats
 

@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
-from ferry._engine.messages import NewSlab
-from ferry._engine.slabfile import (
+from ferry._engine.transport.messages import NewSlab
+from ferry._engine.transport.slabfile import (
     descriptor_limit,
     is_descriptor_limit,
     map_file,

@@ -19,10 +19,12 @@ worker -> main
                        descriptor follows on the same connection; ``fallback`` says why
                        a worker whose slabs travel by name made this one anonymous.
     :class:`Done`      batch ``task`` is ready; ``payload`` is the pickled batch whose tensors
-                       refer to slabs by id (see :mod:`ferry._engine.shm`), or the batch object
-                       itself for thread workers; ``report`` is the worker's position after it
-                       (:class:`ferry._engine.position.WorkerReport`); with ``on_error="skip"``,
-                       ``outcome`` lists the samples dropped (``empty``: all of them).
+                       refer to slabs by id (see :mod:`ferry._engine.transport.shm`), or
+                       the batch object itself for thread workers; ``report`` is the
+                       worker's position after it
+                       (:class:`ferry._engine.position.keeper.WorkerReport`); with
+                       ``on_error="skip"``, ``outcome`` lists the samples dropped
+                       (``empty``: all of them).
     :class:`Exhausted` the worker's iterable stream has ended; it had nothing for ``task``.
     :class:`Failed`    user code raised; carries the exception and its formatted traceback.
     :class:`Stop`      leaving: the worker's loop ended and its process is exiting.
@@ -41,9 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ferry._engine.work.fetch import Timing
+
 if TYPE_CHECKING:
-    from ferry._engine.fetch import Outcome
-    from ferry._engine.position import WorkerReport
+    from ferry._engine.position.keeper import WorkerReport
+    from ferry._engine.work.fetch import Outcome
 
 __all__ = [
     "Done",
@@ -59,7 +63,6 @@ __all__ = [
     "Stack",
     "StackRequest",
     "Stop",
-    "Timing",
 ]
 
 
@@ -149,21 +152,6 @@ class NewSlab:
     reuse: bool = True
     # Idle slabs the worker closed as it made this one (too small for its batches now).
     replaces: tuple[int, ...] = ()
-
-
-@dataclass(slots=True)
-class Timing:
-    """Where a worker's time went on one batch, and the bytes that crossed (ferry.stats)."""
-
-    fetch_s: float = 0.0
-    collate_s: float = 0.0
-    hand_off_s: float = 0.0  # pickling in the worker (its part of the hand-off)
-    hand_off_bytes: int = 0  # the pickle plus the slab bytes of the batch
-
-    @property
-    def made_s(self) -> float:
-        """Making the batch: fetch and collate."""
-        return self.fetch_s + self.collate_s
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ from typing import Any, NamedTuple
 import torch
 
 from ferry._core.rng import generator_state
-from ferry._engine.cursor import Cursor, RunCounts, WorkerCursor, global_rng_fingerprint
 from ferry._engine.failures import SkipBudget
-from ferry._engine.fetch import Outcome
-from ferry._engine.keys import EpochKeys, between_epochs, draws_from_global
 from ferry._engine.plan import EpochPlan
+from ferry._engine.position.cursor import Cursor, RunCounts, WorkerCursor, global_rng_fingerprint
+from ferry._engine.position.keys import EpochKeys, between_epochs, draws_from_global
+from ferry._engine.work.fetch import Outcome
 from ferry.errors import EpochReplayWarning, warn_from_user_code
 from ferry.stats import StatsRecorder
 
@@ -31,7 +31,7 @@ class Delivery(NamedTuple):
     """A batch an engine hands out, and where it came from: key ``number`` of the epoch, made by
     ``worker_id`` (0 in the main process), which then stood at ``worker``. With
     ``on_error="skip"``, ``outcome`` says which samples were dropped, and ``batch`` is
-    :data:`~ferry._engine.fetch.DROPPED` when all of them were."""
+    :data:`~ferry._engine.work.fetch.DROPPED` when all of them were."""
 
     batch: Any
     number: int

@@ -1,6 +1,6 @@
 """The keys of one epoch, started from a cursor: a fresh epoch, or one resumed mid-way.
 
-An epoch hands out one *key* per batch (see :mod:`ferry._engine.fetch`), numbered from 0.
+An epoch hands out one *key* per batch (see :mod:`ferry._engine.work.fetch`), numbered from 0.
 :class:`EpochKeys` yields ``(number, key)`` pairs and can say, for any number ``n`` of keys
 handed out, how to start again right after them (:meth:`EpochKeys.cursor_at`), as plain data
 (:class:`KeysCursor`). How depends on the sampler:
@@ -35,6 +35,7 @@ import torch
 
 from ferry._batching import batched
 from ferry._core.rng import generator_from_state, generator_state, set_generator_state
+from ferry._core.stateful import has_state_methods
 from ferry._engine.plan import EpochPlan
 from ferry._sampler_keys import (
     first_draw_bytes,
@@ -51,7 +52,7 @@ __all__ = [
     "between_epochs",
     "builtin_source",
     "draws_from_global",
-    "stateful_part",
+    "has_state_methods",
 ]
 
 KeysKind = Literal["builtin", "stateful", "skip", "stream"]
@@ -124,13 +125,6 @@ class KeysCursor:
         )
 
 
-def stateful_part(obj: object) -> bool:
-    """Whether ``obj`` follows the Stateful protocol (``state_dict`` and ``load_state_dict``)."""
-    return callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None)
-    )
-
-
 def builtin_source(sampler: Any, batch_sampler: Any) -> Any:
     """The built-in sampler whose iteration an epoch's keys follow (alone, or in ferry's
     BatchSampler), or None when the keys come from a user's sampler."""
@@ -171,7 +165,7 @@ def between_epochs(sampler: Any, batch_sampler: Any, loader_generator: Any = Non
         start = pending_start(source)
         return KeysCursor("builtin", start) if start is not None else KeysCursor("skip")
     source = user_source(sampler, batch_sampler)
-    if stateful_part(source):
+    if has_state_methods(source):
         return KeysCursor("stateful", snapshot=source.state_dict())
     own = foreign_generator(source, loader_generator)
     return KeysCursor("skip", sampler_generator=None if own is None else generator_state(own))
@@ -319,7 +313,7 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         snapshot = cursor.snapshot if cursor is not None and cursor.kind == "stateful" else None
         at = cursor.snapshot_at if snapshot is not None and cursor is not None else 0
         if wrapped and not skip and snapshot is None:
-            kind: KeysKind = "stateful" if stateful_part(batch_sampler.sampler) else "skip"
+            kind: KeysKind = "stateful" if has_state_methods(batch_sampler.sampler) else "skip"
 
             def lazily() -> Iterator[Any]:
                 keys = self._open_user(True, None, 0, 0)
@@ -337,7 +331,7 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         plan = self._plan
         batch_sampler = plan.batch_sampler
         source = user_source(plan.sampler, batch_sampler)
-        if stateful_part(source):
+        if has_state_methods(source):
             if snapshot is not None:
                 source.load_state_dict(snapshot)
             it = iter(source)
@@ -349,7 +343,7 @@ class EpochKeys(Iterator[tuple[int, Any]]):
                     set_generator_state(own, self._restore_generator)
                 self._generator_start = generator_state(own)
             it = iter(source)
-            if stateful_part(it):
+            if has_state_methods(it):
                 if snapshot is not None:
                     it.load_state_dict(snapshot)
                 self._stateful = _Stateful(it)

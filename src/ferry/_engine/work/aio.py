@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ferry._engine.reads import Failed
+from ferry._engine.work.reads import Failed
 from ferry._torch_types import TorchConcatDataset, TorchSubset
 
 __all__ = ["IN_FLIGHT", "AsyncReads", "is_async_dataset"]
@@ -118,7 +118,8 @@ def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, pid: int, w
 class AsyncReads:
     """Reads an async dataset's samples on an event loop of its own (see the module docstring).
     Thread-safe: the thread workers of a loader share one. Takes the place of
-    :class:`~ferry._engine.reads.SampleReads` in a :class:`~ferry._engine.fetch.MapFetcher`."""
+    :class:`~ferry._engine.work.reads.SampleReads` in a
+    :class:`~ferry._engine.work.fetch.MapFetcher`."""
 
     ratio = 0.0  # (statistics: the wait over CPU of a read is not measured on a loop)
 

@@ -6,7 +6,7 @@ of that name that takes arguments, and torch's loader, which never calls it, ite
 all the same. :func:`judge_dataset` tells them apart once, when the loader first needs to:
 
 * **torchdata's protocol** (:func:`snapshots_itself`): the worker takes the state (see
-  :mod:`ferry._engine.position`);
+  :mod:`ferry._engine.position.keeper`);
 * **a count of samples** (:class:`CountedProtocol`): MosaicML Streaming's and litdata's
   ``StreamingDataset``. Their position is how many samples the training loop consumed this
   epoch: their own loaders count them, ask the dataset in the main process for a state built
@@ -26,20 +26,18 @@ import inspect
 import math
 import pickle
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ferry._engine.cursor import Cursor, Snapshot
+from ferry._core.stateful import has_state_methods
+from ferry._engine.position.cursor import Cursor, Snapshot
 from ferry.errors import MalformedState, StateMismatch, warn_from_user_code
-
-if TYPE_CHECKING:
-    from ferry._engine.worker import WorkerConfig
 
 __all__ = [
     "CountedProtocol",
     "DatasetPosition",
     "judge_dataset",
     "snapshots_itself",
-    "thread_copies",
+    "own_copies",
 ]
 
 _PLAIN = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -59,16 +57,10 @@ def _required(method: Any) -> list[str] | None:
     ]
 
 
-def _has_state_methods(obj: object) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None)
-    )
-
-
 def snapshots_itself(obj: object) -> bool:
     """Whether ``obj`` follows torchdata's Stateful protocol: ``load_state_dict`` and a
     ``state_dict`` that can be called without arguments."""
-    return _has_state_methods(obj) and not _required(obj.state_dict)  # type: ignore[attr-defined]
+    return has_state_methods(obj) and not _required(obj.state_dict)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -151,7 +143,7 @@ class DatasetVerdict:
 def judge_dataset(dataset: object) -> DatasetVerdict:
     """How ``dataset``'s own state is taken; warns once (this is called once per loader) when
     it has a ``state_dict`` that neither protocol can call."""
-    if not _has_state_methods(dataset) or snapshots_itself(dataset):
+    if not has_state_methods(dataset) or snapshots_itself(dataset):
         return DatasetVerdict()
     counted = _recognize(dataset)
     if counted is not None:
@@ -172,8 +164,9 @@ def judge_dataset(dataset: object) -> DatasetVerdict:
     return DatasetVerdict()
 
 
-def thread_copies(dataset: object, configs: list[WorkerConfig]) -> list[WorkerConfig]:
-    """``configs``, each thread worker given its own copy of a counted dataset.
+def own_copies(dataset: object, count: int) -> list[Any] | None:
+    """``count`` copies of a counted dataset, one for each thread worker (None: the dataset is
+    not counted, and thread workers share it).
 
     Both libraries keep an iteration's state on the dataset object (litdata's ``__iter__``
     returns the dataset itself), which process workers each have a copy of and thread workers
@@ -183,11 +176,11 @@ def thread_copies(dataset: object, configs: list[WorkerConfig]) -> list[WorkerCo
     :func:`ferry._core.info.publish_threads_to_torch` has run. Other datasets are shared, as
     thread workers share them.
     """
-    counted = _recognize(dataset) if _has_state_methods(dataset) else None
+    counted = _recognize(dataset) if has_state_methods(dataset) else None
     if counted is None or snapshots_itself(dataset):
-        return configs
+        return None
     try:
-        copies = [pickle.loads(pickle.dumps(dataset)) for _ in configs]
+        return [pickle.loads(pickle.dumps(dataset)) for _ in range(count)]
     except Exception as exc:
         raise RuntimeError(
             f"worker_type='thread' needs a copy of {type(dataset).__name__} ({counted.library}) "
@@ -195,7 +188,6 @@ def thread_copies(dataset: object, configs: list[WorkerConfig]) -> list[WorkerCo
             f"pickling it failed: {type(exc).__name__}: {exc}. Use worker_type='process' (the "
             "default) or num_workers=0."
         ) from exc
-    return [replace(config, dataset=copy) for config, copy in zip(configs, copies, strict=True)]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ Two reasons, either enough:
 * **Their reads wait.** The first batch of each worker is judged (:class:`WaitJudge`): its wall
   seconds against the CPU seconds its thread used; or, for a batch whose reads ran at once (a
   process worker's own per-sample reads), its reads' wall seconds against their CPU seconds.
-  At :data:`~ferry._engine.reads.PARALLEL_FROM` times or more, thread workers reading a
+  At :data:`~ferry._engine.work.reads.PARALLEL_FROM` times or more, thread workers reading a
   batch's samples at once do better (docs/design/io.md).
 * **Their memory grows past what the system has**: copy-on-write of the dataset's Python
   objects, projected to the end of the epoch (:func:`ferry._core.memory.growth_verdict`;
@@ -39,17 +39,17 @@ from ferry._core.memory import (
     growth_verdict,
     resident_anon_bytes,
 )
-from ferry._engine.aio import is_async_dataset
-from ferry._engine.channels import Channel
-from ferry._engine.counted import snapshots_itself
-from ferry._engine.group import WorkerGroup, WorkerHandle
-from ferry._engine.kinds import ThreadWorkers, WorkerKind
-from ferry._engine.messages import Done
+from ferry._engine.crew.channels import Channel
+from ferry._engine.crew.group import WorkerGroup, WorkerHandle
+from ferry._engine.crew.kinds import ThreadWorkers, WorkerKind
+from ferry._engine.crew.worker import WorkerConfig
 from ferry._engine.plan import EpochPlan
-from ferry._engine.reads import PARALLEL_FROM, SampleReads
+from ferry._engine.position.counted import snapshots_itself
+from ferry._engine.position.track import EpochTrack
 from ferry._engine.schedule import Scheduler
-from ferry._engine.track import EpochTrack
-from ferry._engine.worker import WorkerConfig
+from ferry._engine.transport.messages import Done
+from ferry._engine.work.aio import is_async_dataset
+from ferry._engine.work.reads import PARALLEL_FROM, SampleReads
 from ferry.stats import StatsRecorder
 
 __all__ = [
@@ -230,7 +230,7 @@ class ThreadMove:
     def _become_threads(self) -> None:
         """``num_workers="auto"``: the process workers wait on their reads, so as many thread
         workers take over here, at a batch boundary, and read each batch's samples at once
-        (:mod:`ferry._engine.reads`). Every batch not handed out yet is fetched again by the
+        (:mod:`ferry._engine.work.reads`). Every batch not handed out yet is fetched again by the
         thread worker with the process worker's id, from the same key: the epoch's batches
         and their order do not change (random augmentations then draw from the main
         process's generators, as thread workers do). Only for a map-style dataset with no

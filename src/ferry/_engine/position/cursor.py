@@ -4,14 +4,14 @@ A :class:`Cursor` says where the next batch comes from. It nests parts, and each
 itself into plain data and back (``to_plain``/``from_plain``), the way Grain's
 ``get_state/set_state`` and torchdata.nodes' ``get_state/reset`` nest theirs:
 
-* :class:`~ferry._engine.keys.KeysCursor`: where the sampler's keys continue;
+* :class:`~ferry._engine.position.keys.KeysCursor`: where the sampler's keys continue;
 * :class:`WorkerCursor` per worker (with its :class:`Snapshot` of user states and its
   :class:`~ferry._core.rng.ProcessRng`): where each worker's stream and generators stand;
 * :class:`RunCounts`: what spans the run rather than the epoch (the skip budget's counts, and
   where torch's global generator stood when earlier epochs began).
 
 Adding a resumable stage adds a part here; nothing else lists fields. The iterator's
-:class:`~ferry._engine.track.EpochTrack` is the one owner that moves the position, in one
+:class:`~ferry._engine.position.track.EpochTrack` is the one owner that moves the position, in one
 place, where a batch is handed to the user; a fresh epoch is a resume from
 :meth:`Cursor.zero`. :class:`LoaderState` is what ``DataLoader.state_dict()`` returns and
 ``load_state_dict()`` takes: JSON-safe, loadable with ``torch.load(weights_only=True)``,
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ferry._core.rng import ProcessRng, generator_from_state, tensor_bytes
-from ferry._engine.keys import KeysCursor
+from ferry._engine.position.keys import KeysCursor
 from ferry.errors import MalformedState, StateMismatch
 
 __all__ = [

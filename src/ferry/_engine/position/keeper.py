@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ferry._core.rng import ProcessRng, RngWatch
-from ferry._engine.counted import snapshots_itself
-from ferry._engine.cursor import Snapshot, WorkerCursor
-from ferry._engine.fetch import BatchDropped, IterableFetcher, MapFetcher
+from ferry._engine.position.counted import snapshots_itself
+from ferry._engine.position.cursor import Snapshot, WorkerCursor
+from ferry._engine.work.fetch import BatchDropped, IterableFetcher, MapFetcher
 from ferry.datasets import is_iterable_style
 from ferry.errors import warn_from_user_code
 
@@ -67,7 +67,7 @@ class PositionKeeper:
     def __init__(self, dataset: Any, snapshot_every: int, track_rng: bool) -> None:
         self._dataset = dataset
         self._every = snapshot_every  # 0: never after the epoch's start
-        # (a state_dict that needs arguments is not torchdata's: see _engine/counted.py)
+        # (a state_dict that needs arguments is not torchdata's: see _engine/position/counted.py)
         self._dataset_stateful = snapshots_itself(dataset)
         # Whether a batch can change anything worth reporting (else the caller may skip
         # after_batch): a stream's count, a generator, or a user state.
@@ -164,9 +164,10 @@ class PositionKeeper:
 
     def _state_of(self, part: Any, name: str) -> Any:
         """``part.state_dict()``. One that raises the first time it is asked cannot be called
-        as the protocol expects: like one that needs arguments (``_engine/counted.py``), it is
-        taken for a part without state from then on, said once, and iteration goes on as with
-        torch's loader, which never asks. Once it has answered, what it raises is the user's."""
+        as the protocol expects: like one that needs arguments
+        (``_engine/position/counted.py``), it is taken for a part without state from then on,
+        said once, and iteration goes on as with torch's loader, which never asks. Once it has
+        answered, what it raises is the user's."""
         if name in self._answered:
             return part.state_dict()
         refused = type(part) in _RAISED

@@ -21,9 +21,8 @@ from typing import Any
 import torch
 
 from ferry._core.alloc import Allocator, using_allocator
-from ferry._engine.aio import AsyncReads
-from ferry._engine.messages import Timing
-from ferry._engine.reads import Failed, SampleReads, busy_of
+from ferry._engine.work.aio import AsyncReads
+from ferry._engine.work.reads import Failed, SampleReads, busy_of
 from ferry.collate import RowBatch, default_collate, default_map_is_pristine
 from ferry.datasets import fetch_many, tensor_gather
 from ferry.errors import SkippedSample
@@ -35,9 +34,25 @@ __all__ = [
     "MapFetcher",
     "Outcome",
     "SkippingMapFetcher",
+    "Timing",
     "make_fetcher",
     "one_call_gather",
 ]
+
+
+@dataclass(slots=True)
+class Timing:
+    """Where a worker's time went on one batch, and the bytes that crossed (ferry.stats)."""
+
+    fetch_s: float = 0.0
+    collate_s: float = 0.0
+    hand_off_s: float = 0.0  # pickling in the worker (its part of the hand-off)
+    hand_off_bytes: int = 0  # the pickle plus the slab bytes of the batch
+
+    @property
+    def made_s(self) -> float:
+        """Making the batch: fetch and collate."""
+        return self.fetch_s + self.collate_s
 
 
 # The batches whose CPU time a fetcher measures: the first CPU_FIRST, then one in CPU_SAMPLE.
@@ -337,7 +352,7 @@ class Made:
     parallel: tuple[float, float, int] | None = None  # (see _TimedFetch.parallel)
 
     def timing(self, hand_off_s: float = 0.0, hand_off_bytes: int = 0) -> Timing:
-        """This batch's :class:`~ferry._engine.messages.Timing`, with its hand-off."""
+        """This batch's :class:`~ferry._engine.transport.messages.Timing`, with its hand-off."""
         return Timing(self.fetch_s, self.collate_s, hand_off_s, hand_off_bytes)
 
 
