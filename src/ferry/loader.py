@@ -334,7 +334,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         if track is None or not track.finished or self._resume.pending is not None:
             return
         # The workers of the last epoch became threads when their reads waited: the next
-        # epochs start with threads (see WorkerIterator._become_threads).
+        # epochs start with threads (see ThreadMove.move in _engine/tuning/switch.py).
         switched = track.switched if track.plan.worker_type != self.worker_type else ""
         current = (self.num_workers, self.prefetch_factor)
         chosen = self._tuner.after_epoch(self.stats(), current)

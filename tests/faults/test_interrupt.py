@@ -201,7 +201,11 @@ def test_at_exit_a_busy_worker_is_terminated_and_an_idle_one_leaves(
     # when it would see Stop first and leave cleanly): its reader thread says what it does.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        stacks = iterator._kind.stacks(iterator._workers, [0], iterator._stack_answers)
+        stacks = iterator._crew.kind.stacks(
+            iterator._workers,
+            [0],
+            lambda asked: iterator._incidents._stack_answers(asked, iterator._pump),
+        )
         if 0 in stacks and stacks[0].task is not None:
             break
         time.sleep(0.05)

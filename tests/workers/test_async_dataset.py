@@ -291,7 +291,7 @@ def test_a_sync_dataset_is_untouched() -> None:
     loader = ferry.DataLoader(Local(n=32), batch_size=8, num_workers=2, worker_type="thread")
     iterator = iter(loader)
     next(iterator)
-    assert isinstance(iterator._group.reads, SampleReads)  # type: ignore[attr-defined]
+    assert isinstance(iterator._crew.group.reads, SampleReads)  # type: ignore[attr-defined]
     del iterator
     inline = iter(ferry.DataLoader(Local(n=32), batch_size=8))
     next(inline)

@@ -1,5 +1,5 @@
 """``num_workers="auto"``: process workers whose reads wait give way to thread workers within
-the first epoch (``WorkerIterator._become_threads``), without changing a batch.
+the first epoch (``ThreadMove.move``, tuning/switch.py), without changing a batch.
 
 The process workers read per sample too (their own pool), and the first batch of each worker
 tells (``WaitJudge``: wall time over the CPU time the worker's thread used). Then the same number

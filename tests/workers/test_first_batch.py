@@ -77,14 +77,14 @@ def _record_order(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
         events.append(("start", config.worker_id))
         return start(config, context)
 
-    send = channels.Channel.send_task
+    send = channels.ProcessChannel.send_task
 
     def sending(self: Any, worker: Any, task: int, key: Any) -> None:
         events.append(("send", worker.worker_id))
         send(self, worker, task, key)
 
     monkeypatch.setattr(group, "_start_process", starting)
-    monkeypatch.setattr(channels.Channel, "send_task", sending)
+    monkeypatch.setattr(channels.ProcessChannel, "send_task", sending)
     return events
 
 

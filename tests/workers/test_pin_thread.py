@@ -220,7 +220,7 @@ def test_an_error_found_while_reading_ahead_is_the_next_batchs(
     assert next(iterator).tolist() == [4, 5, 6, 7]  # already there: handed out
     with pytest.raises(RuntimeError, match="the pipe broke while reading ahead"):
         next(iterator)
-    assert iterator._group.closed  # the workers and the pin thread were stopped
+    assert iterator._crew.closed  # the workers and the pin thread were stopped
     with pytest.raises(RuntimeError, match="the pipe broke"):
         next(iterator)
 

@@ -61,7 +61,7 @@ class Workers:
 
 
 def held(iterator: Any) -> int:
-    return int(iterator._channel.held_bytes())
+    return int(iterator._crew.channel.held_bytes())
 
 
 class Growing:
@@ -158,7 +158,7 @@ def test_no_more_tasks_retires_what_is_freed() -> None:
     iterator = iter(loader)
     for _ in range(12):
         last = next(iterator)
-    iterator._channel.no_more_tasks()
+    iterator._crew.channel.no_more_tasks()
     # Only the slab under the batch still held (1 MiB, the smallest slab) stays mapped.
     assert held(iterator) == 1 * MIB, held(iterator)
     assert poll(lambda: sum(map(len, seen.slabs(iterator))) <= 1, 10.0), seen.slabs(iterator)
@@ -177,7 +177,7 @@ def test_a_worker_with_nothing_left_keeps_no_freed_slab() -> None:
     for _ in range(11):
         next(iterator)
     last = next(iterator)  # the 12th and last: the 11th is dropped now
-    iterator._channel.receive(0.0, [0, 0])
+    iterator._crew.channel.receive(0.0, [0, 0])
     drained = poll(lambda: sum(map(len, seen.slabs(iterator))) <= 1, 5.0)
     assert list(iterator) == []  # (the workers stop before the test fails, if it does)
     assert drained, seen.slabs(iterator)

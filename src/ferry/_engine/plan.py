@@ -53,7 +53,7 @@ class EpochPlan:
     # on_error, max_errors, max_worker_restarts, stall_warning
     failures: FailurePolicy = field(default_factory=FailurePolicy)
     # num_workers="auto" with process workers: they may give way to thread workers within the
-    # epoch when the reads are measured to wait (see WorkerIterator._become_threads).
+    # epoch when the reads are measured to wait (see ThreadMove.move in tuning/switch.py).
     threads_if_waiting: bool = False
 
     @property

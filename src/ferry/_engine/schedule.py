@@ -63,6 +63,7 @@ class Scheduler:
         self.in_flight = [0] * num_workers
         self.active = [True] * num_workers  # False: the worker's stream ended
         self._turn = 0
+        self.keys_done = False  # the epoch's keys ran out: no task is left to assign
 
     # -- epochs ------------------------------------------------------------------------------------
 
@@ -75,6 +76,7 @@ class Scheduler:
         self.in_flight = [0] * self.num_workers
         self.active = [True] * self.num_workers
         self._turn = turn
+        self.keys_done = False
 
     def stale(self, task_id: int) -> bool:
         """A result for a task of an abandoned epoch."""

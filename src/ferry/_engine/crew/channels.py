@@ -40,6 +40,7 @@ from ferry._engine.transport.messages import (
     IndexTensor,
     NewSlab,
     Ready,
+    Resume,
     Retire,
     Stack,
 )
@@ -74,17 +75,17 @@ class Channel(ABC, Generic[H]):
     def __init__(self, group: WorkerGroup[H]) -> None:
         self.workers = group.workers
 
-    def send_task(self, worker: WorkerHandle, task: int, key: Any) -> None:
+    @abstractmethod
+    def send_task(self, worker: H, task: int, key: Any) -> None:
         """Ask ``worker`` to make batch ``task`` from ``key``; WorkerGone if it is gone."""
-        slabs = worker.slabs
-        slabs.sent()
-        freed = slabs.take_freed()
-        try:
-            if retired := slabs.take_retired():
-                worker.send(Retire(retired))
-            worker.send(Fetch(task, self._pack(key), freed))
-        except OSError:
-            raise WorkerGone(worker) from None
+
+    @abstractmethod
+    def resume(self, worker: H) -> None:
+        """A new epoch begins for ``worker`` (persistent workers); OSError if it is gone."""
+
+    def drop(self, worker_id: int, done: Done) -> None:
+        """``done`` will never be read (its epoch was abandoned): what it holds goes back."""
+        return  # (thread workers' batches hold nothing of the worker's)
 
     def no_more_tasks(self) -> None:
         """The epoch has no task left to send: the slabs freed from now on are retired, not
@@ -100,9 +101,6 @@ class Channel(ABC, Generic[H]):
         """The most :meth:`held_bytes` has been for each worker, summed (an upper bound of the
         most held at once)."""
         return 0
-
-    @abstractmethod
-    def _pack(self, key: Any) -> Any: ...
 
     @abstractmethod
     def receive(
@@ -183,8 +181,23 @@ class ProcessChannel(Channel[ProcessHandle]):
                     self._poller.unregister(fd)
         self._watch(new)
 
-    def _pack(self, key: Any) -> Any:
-        return IndexTensor.pack(key)
+    def send_task(self, worker: ProcessHandle, task: int, key: Any) -> None:
+        slabs = worker.slabs
+        slabs.sent()
+        freed = slabs.take_freed()
+        try:
+            if retired := slabs.take_retired():
+                worker.send(Retire(retired))
+            worker.send(Fetch(task, IndexTensor.pack(key), freed))
+        except OSError:
+            raise WorkerGone(worker) from None
+
+    def resume(self, worker: ProcessHandle) -> None:
+        worker.send(Resume(worker.slabs.take_freed(epoch=True)))
+
+    def drop(self, worker_id: int, done: Done) -> None:
+        if done.slabs:  # (dropped unread, its slabs go straight back)
+            self.workers[worker_id].slabs.release(done.slabs)
 
     def _ready(self, wait_for: float) -> list[int]:
         if self._poller is not None:
@@ -264,8 +277,11 @@ class ThreadChannel(Channel[ThreadHandle]):
         super().__init__(group)
         self._outbox = group.outbox
 
-    def _pack(self, key: Any) -> Any:
-        return key
+    def send_task(self, worker: ThreadHandle, task: int, key: Any) -> None:
+        worker.send(Fetch(task, key, ()))
+
+    def resume(self, worker: ThreadHandle) -> None:
+        worker.send(Resume())
 
     def receive(
         self, wait_for: float, in_flight: Sequence[int]

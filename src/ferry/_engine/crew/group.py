@@ -79,7 +79,7 @@ _JOIN_THREADS_AT_EXIT = 5.0
 
 
 class WorkerHandle(ABC):
-    """The main process's end of one worker, of either kind, and the slabs it has shared.
+    """The main process's end of one worker, of either kind.
 
     Like torch's ``iter(loader)._workers`` entries (multiprocessing processes), which user
     code reads: ``pid``, ``exitcode``, ``name``, ``is_alive()`` and ``join()`` answer also after
@@ -92,8 +92,6 @@ class WorkerHandle(ABC):
     def __init__(self, worker_id: int, pid: int | None) -> None:
         self.worker_id = worker_id
         self.pid = pid
-        # (a thread worker's stay empty: its batches are handed over as they are)
-        self.slabs = SlabMaps()
         # When it was started (time.monotonic()), and whether it said it is ready (its set-up,
         # worker_init_fn included, is done): a stall report tells start-up from a stuck fetch.
         self.started = time.monotonic()
@@ -121,6 +119,7 @@ class ProcessHandle(WorkerHandle):
         super().__init__(worker_id, None)  # (its pid once it is started)
         self.process = process
         self.conn = conn
+        self.slabs = SlabMaps()  # the slabs it shared, mapped here
         # Once the group is shut down (or the worker replaced), the process object is closed:
         # how it ended is kept here.
         self.ended = False
@@ -240,8 +239,6 @@ class WorkerGroup(Generic[H]):
             if self.pinner is not None:
                 self.pinner.close()
             deadline = self.stop_workers(self, exiting)
-            for worker in self.replaced:
-                worker.slabs.close()
             if self.reads is not None:  # after the workers: no read is asked for any more
                 self.reads.close(max(0.0, deadline - time.monotonic()))
 
@@ -313,6 +310,8 @@ def _stop_processes(group: WorkerGroup[ProcessHandle], exiting: bool) -> float:
                 remove_names(group.owner_pid, worker.pid)
         worker.conn.close()
         worker.slabs.close()
+    for worker in group.replaced:  # (dead workers replaced: their slabs were kept for batches)
+        worker.slabs.close()
     return deadline
 
 
@@ -354,7 +353,6 @@ def _stop_threads(group: WorkerGroup[ThreadHandle], exiting: bool) -> float:
     # of its own worker threads, which leaves by itself once asked)
     here = threading.current_thread()
     for worker in group.workers:
-        worker.slabs.close()
         if worker.thread.is_alive() and worker.thread is not here:
             worker.thread.join(max(0.0, deadline - time.monotonic()))
     return deadline

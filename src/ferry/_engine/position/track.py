@@ -3,8 +3,11 @@
 The track is where the position moves (:meth:`EpochTrack.delivered`, once per batch handed to
 the user), where a state is taken (:meth:`EpochTrack.save`) and where the next epoch begins
 (:meth:`EpochTrack.next_epoch`); it outlives its iterator, so the loader can answer
-``state_dict()`` after the epoch, and it holds no worker. What a :class:`Delivery` carries is
-what an engine hands the base iterator for each batch. See ``docs/design/state.md``.
+``state_dict()`` after the epoch, and it holds no worker. With workers, where each stands
+after the batches it made and the user has not received yet is the track's too
+(:class:`InFlight`, ``track.flight``): the worker engine records each batch's report there and
+asks it where a replaced worker starts. What a :class:`Delivery` carries is what an engine
+hands the base iterator for each batch. See ``docs/design/state.md``.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from ferry._core.rng import generator_state
 from ferry._engine.failures import SkipBudget
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position.cursor import Cursor, RunCounts, WorkerCursor, global_rng_fingerprint
+from ferry._engine.position.keeper import WorkerReport
 from ferry._engine.position.keys import EpochKeys, between_epochs, draws_from_global
 from ferry._engine.work.fetch import Outcome
 from ferry.errors import EpochReplayWarning, warn_from_user_code
 from ferry.stats import StatsRecorder
 
-__all__ = ["Delivery", "EpochTrack", "between_epochs_cursor", "guard_replay"]
+__all__ = ["Delivery", "EpochTrack", "InFlight", "between_epochs_cursor", "guard_replay"]
 
 
 class Delivery(NamedTuple):
@@ -38,6 +42,47 @@ class Delivery(NamedTuple):
     worker_id: int
     worker: WorkerCursor | None
     outcome: Outcome | None = None
+
+
+class InFlight:
+    """Where each worker stands after the last batch it made (the user may not have it yet),
+    for one epoch's tasks: what a batch's report resolves against, and where a worker started
+    in a dead one's place begins. Delivery moves the track's own positions
+    (:meth:`EpochTrack.delivered`); this moves as batches arrive."""
+
+    def __init__(self, workers: list[WorkerCursor], replays: bool) -> None:
+        self.latest = list(workers)
+        # Resumed workers fetch again the keys fetched since their snapshot: each batch made
+        # with no snapshot adds its key to the position (see WorkerCursor.since).
+        self.replays = replays
+        self.replaced: set[int] = set()  # workers started in a dead one's place this epoch
+
+    def began(self, worker_id: int, states: Any, track: EpochTrack) -> None:
+        """Worker ``worker_id`` said what its user states are as its epoch begins, before any
+        batch of it: that is its position, in flight and delivered (a worker started in a dead
+        one's place starts at the dead one's, and keeps it)."""
+        if worker_id in self.replaced:
+            return
+        began = WorkerCursor(0, self.latest[worker_id].rng, states)
+        self.latest[worker_id] = track.workers[worker_id] = began
+
+    def made(self, worker_id: int, index: int, report: WorkerReport | None) -> WorkerCursor:
+        """Worker ``worker_id`` made batch ``index`` and reported ``report``: where it stands
+        after it (what the batch's delivery will move the track to)."""
+        latest = self.latest[worker_id]
+        if report is not None:
+            latest = report.resolve(latest)
+        if self.replays and (report is None or report.snapshot is None):
+            latest = latest.fetched(index)
+        self.latest[worker_id] = latest
+        return latest
+
+    def restart(self, worker_id: int) -> WorkerCursor | None:
+        """Worker ``worker_id`` died: where the worker started in its place begins (None: a
+        fresh start), at the position after the last batch it sent."""
+        self.replaced.add(worker_id)
+        position = self.latest[worker_id]
+        return None if position == WorkerCursor() else position
 
 
 class EpochTrack:
@@ -74,6 +119,8 @@ class EpochTrack:
         self.finished = False  # StopIteration was raised
         # What num_workers="auto" changed within the epoch, and why ("": nothing).
         self.switched = ""
+        # The workers' positions as their batches arrive (the worker engine: open_flight).
+        self.flight = InFlight([], False)
         # Where the epoch's time goes (ferry.stats), kept beside the position.
         self.stats = StatsRecorder(max(plan.num_workers, 1))
         # on_error="skip": the samples dropped so far in the run (counts are in the cursor).
@@ -81,6 +128,18 @@ class EpochTrack:
         if (self.budget.skipped, self.budget.seen) != (run.skipped, run.seen):
             self.budget = SkipBudget(None, run.skipped, run.seen)
         self.budget.max_errors = plan.failures.max_errors  # (the loader's may have changed)
+
+    def open_flight(self, replays: bool) -> InFlight:
+        """The epoch's tasks begin (or begin again, with no task of the old ones left): each
+        worker stands where the track has it."""
+        self.flight = InFlight(self.workers, replays)
+        return self.flight
+
+    def moved_to(self, plan: EpochPlan, why: str) -> None:
+        """``num_workers="auto"`` moved the epoch to other workers (``plan``), for ``why``; no
+        worker's position moves (only a dataset with no state of its own moves)."""
+        self.plan = plan
+        self.switched = why
 
     def delivered(self, number: int, worker_id: int, worker: WorkerCursor | None) -> None:
         """The user now has batch ``number`` (made by ``worker_id``, which then stood at

@@ -1,6 +1,6 @@
 """``num_workers="auto"`` with process workers: whether they give way to thread workers within
 the epoch, judged from what their batches report (:class:`ThreadSwitch`), and the move, made at
-the next batch boundary (:class:`ThreadMove`, a mixin of the worker iterator).
+the next batch boundary (:class:`ThreadMove`, which the worker iterator holds).
 
 Two reasons, either enough:
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -39,9 +38,8 @@ from ferry._core.memory import (
     growth_verdict,
     resident_anon_bytes,
 )
-from ferry._engine.crew.channels import Channel
-from ferry._engine.crew.group import WorkerGroup, WorkerHandle
-from ferry._engine.crew.kinds import ThreadWorkers, WorkerKind
+from ferry._engine.crew.crew import Crew
+from ferry._engine.crew.kinds import ThreadWorkers
 from ferry._engine.crew.worker import WorkerConfig
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position.counted import snapshots_itself
@@ -203,80 +201,63 @@ class HeldWorkers:
 
 
 class ThreadMove:
-    """The move itself: a mixin of :class:`~ferry._engine.pool.WorkerIterator`, which decides
-    when (``ThreadSwitch.why``, looked at before each batch)."""
+    """``num_workers="auto"``'s process workers within an epoch: whether they give way to
+    threads (``switch``, looked at before each batch), the workers held back while the first
+    one's first read is judged (``held``), and the move itself (:meth:`move`)."""
 
-    _switch: ThreadSwitch
-    _finalizer: weakref.finalize[Any, Any]
-    _plan: EpochPlan
-    _track: EpochTrack
-    _kind: WorkerKind[Any]
-    _group: WorkerGroup[Any]
-    _configs: list[WorkerConfig]
-    _workers: list[WorkerHandle]
-    _channel: Channel[Any]
-    _schedule: Scheduler
-    _held: HeldWorkers
+    def __init__(self, plan: EpochPlan, copies: bool, replays: bool) -> None:
+        self.switch = ThreadSwitch(plan, copies, replays)
+        self.held = HeldWorkers()
 
-    def _fail(self, exc: BaseException) -> None:
-        raise NotImplementedError
+    @property
+    def due(self) -> bool:
+        """The process workers should become threads now."""
+        return bool(self.switch.why)
 
-    def _pin(self) -> None:
-        raise NotImplementedError
-
-    def _fill(self) -> None:
-        raise NotImplementedError
-
-    def _become_threads(self) -> None:
-        """``num_workers="auto"``: the process workers wait on their reads, so as many thread
-        workers take over here, at a batch boundary, and read each batch's samples at once
-        (:mod:`ferry._engine.work.reads`). Every batch not handed out yet is fetched again by the
-        thread worker with the process worker's id, from the same key: the epoch's batches
-        and their order do not change (random augmentations then draw from the main
-        process's generators, as thread workers do). Only for a map-style dataset with no
-        state of its own (``ThreadSwitch.active``), so no worker's position has to move over."""
-        why = self._switch.take()
-        self._held.take()  # (workers not started yet never will be: threads take their place)
+    def move(
+        self, owner: object, crew: Crew[Any], track: EpochTrack, schedule: Scheduler
+    ) -> Crew[Any]:
+        """The process workers wait on their reads, so as many thread workers take over here,
+        at a batch boundary, and read each batch's samples at once
+        (:mod:`ferry._engine.work.reads`): the new crew, its tasks sent. Every batch not
+        handed out yet is fetched again by the thread worker with the process worker's id,
+        from the same key: the epoch's batches and their order do not change (random
+        augmentations then draw from the main process's generators, as thread workers do).
+        Only for a map-style dataset with no state of its own (``ThreadSwitch.active``), so no
+        worker's position has to move over. ``owner``: the iterator the new crew's finalizer
+        is registered on; the track's plan becomes the threads'."""
+        why = self.switch.take()
+        self.held.take()  # (workers not started yet never will be: threads take their place)
         # Batches the process workers made already are handed out as they are (they lie in
         # slabs the main process keeps mapped while a tensor is over them); the rest, which
         # are dropped with the process workers, are fetched again. (With pinning, a made batch
-        # waits on the stopping group's pin thread: fetched again too.)
-        keep_made = self._group.pinner is None
-        self._finalizer()  # the process workers stop
-        self._plan = replace(self._plan, worker_type="thread")
-        self._track.plan = self._plan
-        self._track.switched = why
-        self._kind = ThreadWorkers()
-        self._group = WorkerGroup()
-        self._finalizer = weakref.finalize(self, self._group.shutdown)
+        # waits on the stopping crew's pin thread: fetched again too.)
+        keep_made = crew.pinner is None
+        crew.stop()  # the process workers stop
+        plan = replace(track.plan, worker_type="thread")
+        track.moved_to(plan, why)
+        threads: Crew[Any] = Crew(owner, ThreadWorkers())
         # The thread workers' reads run at once from the first: the judge measured them.
-        self._group.reads = SampleReads(measured=self._switch.judge.per_read())
-        self._track.stats.reads = self._group.reads
-        self._pin()
-        configs = [
+        threads.group.reads = SampleReads(measured=self.switch.judge.per_read())
+        track.stats.reads = threads.group.reads
+        threads.pin(plan)
+        threads.configs = [
             replace(
                 config,
                 parent_pid=os.getpid(),
                 resume=None,  # (no state of its own; a thread's generators are the process's)
                 track_rng=False,
                 named_slabs=False,
-                reads=self._group.reads,
+                reads=threads.group.reads,
                 read_limit=0,
             )
-            for config in self._configs
+            for config in crew.configs
         ]
-        self._configs = configs
-        try:
-            self._kind.start(self._group, configs, self._plan)
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-        self._workers = self._group.workers
-        self._channel = self._kind.channel(self._group)
-        for task_id in self._schedule.reassign_all(keep_made):
-            task = self._schedule.tasks[task_id]
-            self._channel.send_task(self._workers[task.worker_id], task_id, task.key)
-        self._fill()  # (not full where tasks waited for workers held back)
+        threads.start(threads.configs, plan)
+        for task_id in schedule.reassign_all(keep_made):
+            task = schedule.tasks[task_id]
+            threads.send(task.worker_id, task_id, task.key)
+        return threads
 
 
 class EndMeasure:
