@@ -37,7 +37,7 @@ from ferry._core.memory import MemorySampler
 from ferry._core.ranks import inherit_rank_world, process_group_rank_world
 from ferry._core.rng import seed_torch
 from ferry._engine.position.cursor import WorkerCursor
-from ferry._engine.position.keeper import PositionKeeper
+from ferry._engine.position.keeper import PositionKeeper, WorkerReport
 from ferry._engine.transport.messages import (
     Done,
     Exhausted,
@@ -55,7 +55,14 @@ from ferry._engine.transport.messages import (
 )
 from ferry._engine.transport.shm import SLABS_SUPPORTED, SlabAllocator, encode_batch
 from ferry._engine.transport.slabfile import remove_names, send_fd
-from ferry._engine.work.fetch import DROPPED, IterableFetcher, MapFetcher, make_batch, make_fetcher
+from ferry._engine.work.fetch import (
+    DROPPED,
+    IterableFetcher,
+    Made,
+    MapFetcher,
+    make_batch,
+    make_fetcher,
+)
 from ferry._engine.work.reads import SampleReads
 
 if TYPE_CHECKING:
@@ -212,23 +219,114 @@ def failure(task: int | None, worker_id: int, exc: BaseException, stage: str = "
     return Failed(task, worker_id, os.getpid(), name, str(exc), text, blob, stage)
 
 
+class WorkerEnd:
+    """The worker's end of its transport, one kind each: what it sends, the memory its
+    batches are made in, and what the main process gives back. The loop
+    (:func:`run_worker_loop`) is the same for every kind; only its end differs."""
+
+    def __init__(self, send: Callable[[Any], None], allocator: Allocator | None) -> None:
+        self.send = send
+        self.allocator = allocator  # where batches are made (None: ordinary memory)
+
+    def begin(self, freed: tuple[int, ...]) -> None:
+        """A task begins; ``freed``: what the main process gave back since the last one."""
+
+    def resume(self, freed: tuple[int, ...]) -> None:
+        """A new epoch begins (persistent workers)."""
+        self.begin(freed)
+
+    def abandon(self) -> None:
+        """The task's batch will not be sent (it failed, or every sample was dropped)."""
+
+    def pack(self, task: int, made: Made, report: WorkerReport | None) -> Any:
+        """Batch ``task`` made ready to send (an error here is the batch's: the task fails);
+        here, as it is (a thread's batch is the main process's object)."""
+        timing, batch = made.timing(), made.batch
+        return Done(task, batch, (), report, timing, made.outcome, cpu=made.cpu_s)
+
+    def ship(self, packed: Any) -> None:
+        """Send what :meth:`pack` made (nothing of the user's runs here)."""
+        self.send(packed)
+
+
+class SlabEnd(WorkerEnd):
+    """A process worker's end: batches are made in shared-memory slabs (``slabs``), which the
+    main process maps (announced with ``announce``, a descriptor following where they have no
+    name), and the process's memory is measured after each batch (``memory``)."""
+
+    def __init__(
+        self,
+        send: Callable[[Any], None],
+        slabs: SlabAllocator,
+        announce: Callable[[NewSlab, int | None], None],
+        memory: MemorySampler,
+    ) -> None:
+        super().__init__(send, slabs)
+        self.slabs = slabs
+        self.announce = announce
+        self.memory = memory
+        self.held = -1  # this process's memory, measured after the last batch went
+
+    def begin(self, freed: tuple[int, ...]) -> None:
+        self.slabs.begin(freed)
+
+    def resume(self, freed: tuple[int, ...]) -> None:
+        self.slabs.begin(freed)
+        self.memory.restart()
+
+    def abandon(self) -> None:
+        self.slabs.abandon()
+
+    def pack(self, task: int, made: Made, report: WorkerReport | None) -> Any:
+        encoding = perf_counter()
+        payload, used = encode_batch(made.batch, self.slabs)
+        made.batch = None  # (its tensors would keep the slabs mapped here once retired)
+        nbytes = len(payload) + sum(slab.used for slab in used)
+        timing = made.timing(perf_counter() - encoding, nbytes)
+        return task, payload, used, report, timing, made.outcome, made.cpu_s, made.parallel
+
+    def ship(self, packed: Any) -> None:
+        task, payload, used, report, timing, outcome, cpu, reads = packed
+        slabs = self.slabs
+        for slab in used:
+            if not slab.announced:
+                self.announce(slabs.announcement(slab), slab.fd)
+                slab.shared()
+                slab.announced = True
+        ids, held = tuple(s.id for s in used), self.held
+        done = Done(task, payload, ids, report, timing, outcome, cpu=cpu, reads=reads, memory=held)
+        self.send(done)
+        slabs.handed_off(used)
+        # Measured once the batch is on its way (a read of smaps_rollup takes milliseconds):
+        # the figure goes with the next batch.
+        self.held = self.memory.after_batch()
+
+
+class PickleEnd(WorkerEnd):
+    """A process worker's end where shared-memory slabs are not supported: batches are pickled
+    whole through its pipe; its memory is measured as a :class:`SlabEnd`'s."""
+
+    def __init__(self, send: Callable[[Any], None], memory: MemorySampler) -> None:
+        super().__init__(send, None)
+        self.memory = memory
+
+    def resume(self, freed: tuple[int, ...]) -> None:
+        self.memory.restart()
+
+
 def run_worker_loop(
     config: WorkerConfig,
     *,
     receive: Callable[[], Any],
-    send: Callable[[Any], None],
-    allocator: Allocator | None,
-    slabs: SlabAllocator | None,
-    announce: Callable[[NewSlab, int | None], None] | None,
+    end: WorkerEnd,
     stopping: threading.Event,
     activity: Activity,
-    memory: MemorySampler | None = None,
 ) -> None:
     """Answer tasks until :class:`Stop`, or until ``stopping`` is set (checked before each
     fetch, so tasks queued behind a stop request are not fetched). Shared by process and
-    thread workers."""
+    thread workers, which differ only in their ``end``."""
+    send = end.send
     stage = "in worker_init_fn"
-    held = -1  # this process's memory, measured after the last batch went (see MemorySampler)
     keeper = PositionKeeper(config.dataset, config.snapshot_every, config.track_rng)
     # A worker whose set-up raised stays up and fails each of its tasks with that error, so
     # the error reaches the user at the worker's first batch, where torch raises it too.
@@ -251,10 +349,7 @@ def run_worker_loop(
         if isinstance(message, Stop):
             return
         if isinstance(message, Resume):
-            if slabs is not None:
-                slabs.begin(message.freed)
-            if memory is not None:
-                memory.restart()
+            end.resume(message.freed)
             if broken is None:
                 fetcher = keeper.open(config.fetcher, None)
             if config.report_start:
@@ -267,29 +362,19 @@ def run_worker_loop(
         if broken is not None:
             send(dataclasses.replace(broken, task=message.task))
             continue
-        if slabs is not None:
-            slabs.begin(message.freed)
+        end.begin(message.freed)
         activity.since, activity.task = time.monotonic(), message.task
         try:
-            made = make_batch(fetcher, IndexTensor.unpack(message.key), allocator, config.skip)
+            key = IndexTensor.unpack(message.key)
+            made = make_batch(fetcher, key, end.allocator, config.skip)
             report = keeper.after_batch(fetcher) if keeper.reports else None
             if made.batch is DROPPED:  # every sample dropped: report them, and the position
-                if slabs is not None:
-                    slabs.abandon()
+                end.abandon()
                 send(Done(message.task, None, (), report, made.timing(), made.outcome, empty=True))
                 continue
-            if slabs is None:
-                timing, batch = made.timing(), made.batch
-                send(Done(message.task, batch, (), report, timing, made.outcome, cpu=made.cpu_s))
-                continue
-            encoding = perf_counter()
-            payload, used = encode_batch(made.batch, slabs)
-            made.batch = None  # (its tensors would keep the slabs mapped here once retired)
-            nbytes = len(payload) + sum(slab.used for slab in used)
-            timing = made.timing(perf_counter() - encoding, nbytes)
+            packed = end.pack(message.task, made, report)
         except Exception as exc:
-            if slabs is not None:
-                slabs.abandon()
+            end.abandon()
             if config.iterable and isinstance(exc, StopIteration):
                 send(Exhausted(message.task))
             else:
@@ -299,31 +384,7 @@ def run_worker_loop(
             continue
         finally:
             activity.task = None
-        for slab in used:
-            if not slab.announced:
-                assert announce is not None
-                announce(slabs.announcement(slab), slab.fd)
-                slab.shared()
-                slab.announced = True
-        used_ids = tuple(s.id for s in used)
-        cpu, outcome, reads = made.cpu_s, made.outcome, made.parallel
-        send(
-            Done(
-                message.task,
-                payload,
-                used_ids,
-                report,
-                timing,
-                outcome,
-                cpu=cpu,
-                reads=reads,
-                memory=held,
-            )
-        )
-        slabs.handed_off(used)
-        # Measured once the batch is on its way (a read of smaps_rollup takes milliseconds):
-        # the figure goes with the next batch.
-        held = memory.after_batch() if memory is not None else -1
+        end.ship(packed)
 
 
 def _watch_parent(
@@ -460,18 +521,10 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
         },
     )
 
+    memory = MemorySampler()
+    end = SlabEnd(send, slabs, announce, memory) if slabs is not None else PickleEnd(send, memory)
     try:
-        run_worker_loop(
-            config,
-            receive=inbox.get,
-            send=send,
-            allocator=slabs,
-            slabs=slabs,
-            announce=announce,
-            stopping=stopping,
-            activity=activity,
-            memory=MemorySampler(),
-        )
+        run_worker_loop(config, receive=inbox.get, end=end, stopping=stopping, activity=activity)
         send(Stop())  # leaving: the main process waits for the interpreter to finish
     except (BrokenPipeError, EOFError, ConnectionResetError):
         pass  # the main process went away mid-send; nothing is left to tell it
@@ -497,17 +550,9 @@ def thread_worker_main(
     def send(message: Any) -> None:
         outbox.put((worker_id, message))
 
+    end = WorkerEnd(send, allocator)
     try:
-        run_worker_loop(
-            config,
-            receive=inbox.get,
-            send=send,
-            allocator=allocator,
-            slabs=None,
-            announce=None,
-            stopping=stopping,
-            activity=activity,
-        )
+        run_worker_loop(config, receive=inbox.get, end=end, stopping=stopping, activity=activity)
     except BaseException as exc:  # a bug of ours: let the main thread see it rather than hang
         send(failure(None, worker_id, exc))
     finally:
