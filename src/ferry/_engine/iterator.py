@@ -172,7 +172,7 @@ class LoaderIterator(TorchLoaderIterator):
         if not start.started:
             # Between epochs: the generators as they stood, then a fresh epoch from them.
             restore_between_epochs(plan.sampler, plan.batch_sampler, start.keys)
-            if start.keys.kind != "stateful" or start.keys.snapshot is None:
+            if start.keys.stateful_snapshot is None:
                 keys_cursor = None
             # (persistent workers keep their base seed: then the seeds draw nothing)
             new_seeds = start.seed_drawn or start.base_seed is None

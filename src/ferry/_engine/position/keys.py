@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -78,6 +78,29 @@ class KeysCursor:
     # (skip) the state of the sampler's own torch.Generator when its iteration began (between
     # epochs: as it stands); None when it has none (see foreign_generator)
     sampler_generator: str | None = None
+
+    # What each kind of cursor starts from (the kind is a string in a saved state; these are
+    # the one place it is compared).
+
+    @property
+    def builtin_start(self) -> dict[str, Any] | None:
+        """A built-in sampler's start (``builtin``), else None."""
+        return self.start if self.kind == "builtin" else None
+
+    @property
+    def stateful_snapshot(self) -> Any:
+        """A stateful sampler's snapshot (``stateful``), else None."""
+        return self.snapshot if self.kind == "stateful" else None
+
+    @property
+    def stateful_ended(self) -> bool:
+        """A stateful sampler had handed out every key when the cursor was taken."""
+        return self.kind == "stateful" and self.ended
+
+    @property
+    def skip_generator(self) -> str | None:
+        """The own generator's state of a sampler without state (``skip``), else None."""
+        return self.sampler_generator if self.kind == "skip" else None
 
     def to_plain(self) -> dict[str, Any]:
         return {
@@ -190,13 +213,13 @@ def restore_between_epochs(sampler: Any, batch_sampler: Any, keys: KeysCursor) -
     order from there)."""
     source = builtin_source(sampler, batch_sampler)
     generator = getattr(source, "generator", None)
-    start = keys.start if keys.kind == "builtin" else None
+    start = keys.builtin_start
     if start and "generator" in start and isinstance(generator, torch.Generator):
         set_generator_state(generator, start["generator"])
-    if keys.kind == "skip" and keys.sampler_generator is not None and source is None:
+    if keys.skip_generator is not None and source is None:
         own = foreign_generator(user_source(sampler, batch_sampler), None)
         if own is not None:
-            set_generator_state(own, keys.sampler_generator)
+            set_generator_state(own, keys.skip_generator)
 
 
 class _Watched(Iterator[Any]):
@@ -215,12 +238,148 @@ class _Watched(Iterator[Any]):
             raise
 
 
-@dataclass
-class _Stateful:
-    """A stateful user sampler: where its state lives (the object or its iterator)."""
+class KeyKind:
+    """How one epoch's keys follow their sampler, and how they start again: one class per kind
+    (see the module docstring), made when :class:`EpochKeys` opens the sampler. The kind keeps
+    what its cursor needs; :class:`EpochKeys` numbers the keys and skips."""
 
-    holder: Any
-    snapshots: dict[int, Any] = field(default_factory=dict)
+    name: ClassVar[KeysKind]
+
+    def cursor_at(self, keys: EpochKeys, count: int) -> KeysCursor:
+        """How to start again after the first ``count`` keys of the epoch."""
+        return KeysCursor(self.name)
+
+    def first_draw_bytes(self) -> int | None:
+        """At most how many bytes drawing the epoch's first key leaves in this process (None:
+        a user's sampler draws it)."""
+        return None
+
+    @property
+    def per_key(self) -> bool:
+        """Whether each key drawn is noted (:meth:`took`): off the common path otherwise."""
+        return False
+
+    def took(self, taken: int) -> None:
+        """``taken`` keys of the epoch were drawn (see :attr:`per_key`)."""
+
+    def rebased(self, skipped: int) -> int:
+        """How far the epoch's base moves once the first key was drawn (see EpochKeys)."""
+        return 0
+
+
+class StreamKeys(KeyKind):
+    """An iterable-style dataset: keys are only batch sizes; the workers' streams hold the
+    position."""
+
+    name = "stream"
+
+    def first_draw_bytes(self) -> int | None:
+        return 0
+
+
+class BuiltinKeys(KeyKind):
+    """ferry's own samplers: the cursor is the start of their iteration (``run``)."""
+
+    name = "builtin"
+
+    def __init__(self, run: SamplerRun, sampler: Any, asked_skip: int) -> None:
+        self.run = run
+        self.sampler = sampler
+        self.asked_skip = asked_skip  # what the sampler was asked to slice off
+
+    def cursor_at(self, keys: EpochKeys, count: int) -> KeysCursor:
+        start = self.run.start
+        if start is None:
+            start = pending_start(self.sampler)
+        return KeysCursor("builtin", start, base=keys.base)
+
+    def first_draw_bytes(self) -> int | None:
+        return first_draw_bytes(self.sampler)
+
+    def rebased(self, skipped: int) -> int:
+        # A built-in sampler may rewrite its start when it begins (a DistributedSampler
+        # resumed with another world size): the keys skipped so far then precede the start.
+        return skipped if self.asked_skip and self.run.skip == 0 else 0
+
+
+class StatefulKeys(KeyKind):
+    """A user's sampler (or its iterator, ``holder``) with a state: snapshots every ``every``
+    keys (0: at the epoch's start only), by the number of keys drawn."""
+
+    name = "stateful"
+
+    def __init__(self, holder: Any, watched: _Watched, every: int) -> None:
+        self.holder = holder
+        self.watched = watched
+        self.every = every
+        self.snapshots: dict[int, Any] = {}
+
+    @property
+    def per_key(self) -> bool:
+        return True
+
+    def took(self, taken: int) -> None:
+        if self.every and taken % self.every == 0:
+            self.snapshots[taken] = self.holder.state_dict()
+
+    def cursor_at(self, keys: EpochKeys, count: int) -> KeysCursor:
+        snapshots = self.snapshots
+        at = max(n for n in snapshots if n <= count)
+        for old in [n for n in snapshots if n < at]:
+            del snapshots[old]  # never asked for again: the cursor only moves forward
+        if self.watched.ended and keys.drawn_ahead is None and count == keys.taken:
+            # Every key was handed out and the sampler's iteration is over: its state now
+            # is the one after that end (it may already describe its next epoch).
+            state = self.holder.state_dict()
+            return KeysCursor("stateful", snapshot=state, snapshot_at=count, ended=True)
+        return KeysCursor("stateful", snapshot=snapshots[at], snapshot_at=at)
+
+
+class SkipKeys(KeyKind):
+    """Any other user's sampler: a resume iterates it afresh and skips; its own generator's
+    state when its iteration began (``began``), if it has one, is kept."""
+
+    name = "skip"
+
+    def __init__(self, began: str | None) -> None:
+        self.began = began
+
+    def cursor_at(self, keys: EpochKeys, count: int) -> KeysCursor:
+        return KeysCursor("skip", sampler_generator=self.began)
+
+
+class LazyUserKeys(KeyKind):
+    """ferry's BatchSampler around a user's sampler, whose ``iter()`` runs at the first batch
+    (as in torch): until then its cursor is the sampler's as it stands; from then on, the
+    kind it was opened as (``opened``)."""
+
+    def __init__(self, plan: EpochPlan) -> None:
+        self.plan = plan
+        self.opened: KeyKind | None = None
+        self._guess: KeysKind = (
+            "stateful" if has_state_methods(plan.batch_sampler.sampler) else "skip"
+        )
+
+    @property
+    def name(self) -> KeysKind:  # type: ignore[override]
+        return self.opened.name if self.opened is not None else self._guess
+
+    @property
+    def per_key(self) -> bool:
+        return self.opened is not None and self.opened.per_key
+
+    def took(self, taken: int) -> None:
+        if self.opened is not None:
+            self.opened.took(taken)
+
+    def cursor_at(self, keys: EpochKeys, count: int) -> KeysCursor:
+        if self.opened is not None:
+            return self.opened.cursor_at(keys, count)
+        plan = self.plan
+        if self._guess == "stateful":  # its state as it stands
+            return between_epochs(plan.sampler, plan.batch_sampler, plan.generator)
+        own = foreign_generator(user_source(plan.sampler, plan.batch_sampler), plan.generator)
+        return KeysCursor("skip", sampler_generator=None if own is None else generator_state(own))
 
 
 class EpochKeys(Iterator[tuple[int, Any]]):
@@ -231,7 +390,8 @@ class EpochKeys(Iterator[tuple[int, Any]]):
     iterator is made; with ``tensor_batches``, a built-in batch sampler hands out index tensors.
     ``recover`` holds numbers below ``position`` whose keys a resumed worker fetches again: the
     fast-forward walks through them and keeps them in ``recovered`` (a stateful sampler's from
-    its snapshot on only).
+    its snapshot on only). How the keys follow the sampler, and start again, is their kind's
+    (:class:`KeyKind`, ``self.source``).
     """
 
     def __init__(
@@ -250,120 +410,125 @@ class EpochKeys(Iterator[tuple[int, Any]]):
         self.recovered: dict[int, Any] = {}
         self._exclude = exclude
         self._every = snapshot_every  # 0: the state at the epoch's start only
-        self._stateful: _Stateful | None = None
-        self._run: SamplerRun | None = None
-        self._builtin_sampler: Any = None
         self.base = cursor.base if cursor is not None else 0
         self._skip = position - self.base  # keys to skip past the cursor's start
-        self._asked_skip = self._skip  # what the built-in sampler was asked to slice off
         self._rebase_checked = False
         self.taken = position  # numbers handed out (or skipped) so far
-        self._peeked: tuple[int, Any] | None = None
-        self._watched: _Watched | None = None
-        # (skip) the user sampler's own generator: the state to put back before iterating it
-        # (a resume), and its state when this iteration began (for the cursor)
-        skipping = cursor is not None and cursor.kind == "skip"
-        self._restore_generator = cursor.sampler_generator if skipping and cursor else None
-        self._generator_start: str | None = None
-        self.kind, self._keys = self._open(tensor_batches, cursor, self._skip)
+        self.drawn_ahead: tuple[int, Any] | None = None  # (see exhausted)
+        self.source: KeyKind
+        self.source, self._keys = self._open(tensor_batches, cursor, self._skip)
+
+    @property
+    def kind(self) -> KeysKind:
+        """The kind's name, as a saved cursor holds it."""
+        return self.source.name
 
     def first_draw_bytes(self) -> int | None:
         """At most how many bytes drawing the epoch's first key leaves in this process (see
         :func:`ferry._sampler_keys.first_draw_bytes`); None when a user's sampler draws it."""
-        if self.kind == "stream":
-            return 0
-        if self.kind == "builtin":
-            return first_draw_bytes(self._builtin_sampler)
-        return None
+        return self.source.first_draw_bytes()
 
     # -- opening -------------------------------------------------------------------------------
 
     def _open(
         self, tensor_batches: bool, cursor: KeysCursor | None, skip: int
-    ) -> tuple[KeysKind, Iterator[Any]]:
+    ) -> tuple[KeyKind, Iterator[Any]]:
         plan = self._plan
         if plan.iterable_style:
-            return "stream", itertools.repeat(plan.batch_size)
+            return StreamKeys(), itertools.repeat(plan.batch_size)
         batch_sampler, sampler = plan.batch_sampler, plan.sampler
-        start = cursor.start if cursor is not None and cursor.kind == "builtin" else None
+        start = cursor.builtin_start if cursor is not None else None
         builtin = builtin_source(sampler, batch_sampler)
         # Keys to recover are walked through: only those before the first are sliced off.
         fast = skip
         if self._recover:
             fast = max(0, min(skip, min(self._recover) - self.base))
-        self._asked_skip = fast
         if builtin is not None and batch_sampler is None:
-            self._run = SamplerRun(start, fast)
-            self._builtin_sampler = sampler
-            return "builtin", self._walk(run_keys(sampler, self._run), skip - fast, fast)
+            run = SamplerRun(start, fast)
+            keys = self._walk(run_keys(sampler, run), skip - fast, fast)
+            return BuiltinKeys(run, sampler, fast), keys
         if builtin is not None:
             size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
-            self._run = SamplerRun(start, fast * size)
-            self._builtin_sampler = builtin
+            run = SamplerRun(start, fast * size)
+            source = BuiltinKeys(run, builtin, fast)
             if tensor_batches:
-                batches = index_batches(batch_sampler, self._run)
+                batches = index_batches(batch_sampler, run)
                 if batches is not None:
-                    return "builtin", self._walk(batches, skip - fast, fast)
-            keys = batched(run_keys(batch_sampler.sampler, self._run), size, drop_last)
-            return "builtin", self._walk(keys, skip - fast, fast)
+                    return source, self._walk(batches, skip - fast, fast)
+            keys = batched(run_keys(batch_sampler.sampler, run), size, drop_last)
+            return source, self._walk(keys, skip - fast, fast)
         # A user's sampler: stateful or not. ferry's BatchSampler around a user's sampler is
         # opened here so the state is the inner sampler's; its iter() runs at the first batch,
         # as in BatchSampler.__iter__ (torch's too), unless a resume needs it now.
         wrapped = is_builtin_batch_sampler(batch_sampler)
-        snapshot = cursor.snapshot if cursor is not None and cursor.kind == "stateful" else None
+        snapshot = cursor.stateful_snapshot if cursor is not None else None
         at = cursor.snapshot_at if snapshot is not None and cursor is not None else 0
+        restore = cursor.skip_generator if cursor is not None else None
         if wrapped and not skip and snapshot is None:
-            kind: KeysKind = "stateful" if has_state_methods(batch_sampler.sampler) else "skip"
+            lazy = LazyUserKeys(plan)
 
             def lazily() -> Iterator[Any]:
-                keys = self._open_user(True, None, 0, 0)
-                self.kind = "stateful" if self._stateful is not None else "skip"
+                lazy.opened, keys = self._open_user(True, None, 0, 0, restore=restore)
                 yield from keys
 
-            return kind, lazily()
-        ended = cursor is not None and cursor.kind == "stateful" and cursor.ended
-        keys = self._open_user(wrapped, snapshot, at, skip, ended)
-        return ("stateful" if self._stateful is not None else "skip"), keys
+            return lazy, lazily()
+        ended = cursor is not None and cursor.stateful_ended
+        return self._open_user(wrapped, snapshot, at, skip, restore=restore, ended=ended)
 
     def _open_user(
-        self, wrapped: bool, snapshot: Any, at: int, skip: int, ended: bool = False
-    ) -> Iterator[Any]:
+        self,
+        wrapped: bool,
+        snapshot: Any,
+        at: int,
+        skip: int,
+        *,
+        restore: str | None,
+        ended: bool = False,
+    ) -> tuple[KeyKind, Iterator[Any]]:
+        """A user's sampler opened: its kind, and its keys. ``restore``: its own generator's
+        state to put back before it is iterated (a resume of a sampler without state)."""
         plan = self._plan
         batch_sampler = plan.batch_sampler
         source = user_source(plan.sampler, batch_sampler)
+        holder: Any = None
+        began: str | None = None
         if has_state_methods(source):
             if snapshot is not None:
                 source.load_state_dict(snapshot)
             it = iter(source)
-            self._stateful = _Stateful(source)
+            holder = source
         else:
             own = foreign_generator(source, plan.generator)
             if own is not None:
-                if self._restore_generator is not None:
-                    set_generator_state(own, self._restore_generator)
-                self._generator_start = generator_state(own)
+                if restore is not None:
+                    set_generator_state(own, restore)
+                began = generator_state(own)
             it = iter(source)
             if has_state_methods(it):
                 if snapshot is not None:
                     it.load_state_dict(snapshot)
-                self._stateful = _Stateful(it)
+                holder = it
             else:
                 at = 0
-        self._watched = _Watched(it)
+        watched = _Watched(it)
         keys: Iterator[Any] = (
-            batched(self._watched, batch_sampler.batch_size, batch_sampler.drop_last)
+            batched(watched, batch_sampler.batch_size, batch_sampler.drop_last)
             if wrapped
-            else self._watched
+            else watched
         )
-        if self._stateful is not None:
-            self._stateful.snapshots[at] = self._stateful.holder.state_dict()
+        if holder is None:
+            kind: KeyKind = SkipKeys(began)
+        else:
+            stateful = StatefulKeys(holder, watched, self._every)
+            stateful.snapshots[at] = holder.state_dict()
+            kind = stateful
             if ended:  # every key was handed out: the state loaded is the next epoch's
-                self._watched.ended = True
-                return iter(())
+                watched.ended = True
+                return kind, iter(())
         # Fast-forward past the keys after the snapshot (indices only, no sample is fetched),
         # when the first key is asked for: after the epoch's base seed was drawn, as torchdata
         # fast-forwards, so a sampler that draws from torch's global RNG draws what it drew.
-        return self._walk(keys, skip - at, at) if skip > at else keys
+        return kind, (self._walk(keys, skip - at, at) if skip > at else keys)
 
     def _walk(self, keys: Iterator[Any], count: int, first: int) -> Iterator[Any]:
         """``keys`` (from key ``first`` past the start) without their first ``count``, keeping
@@ -383,77 +548,39 @@ class EpochKeys(Iterator[tuple[int, Any]]):
     # -- iteration -----------------------------------------------------------------------------
 
     def __next__(self) -> tuple[int, Any]:
-        if self._peeked is not None:
-            pair, self._peeked = self._peeked, None
+        if self.drawn_ahead is not None:
+            pair, self.drawn_ahead = self.drawn_ahead, None
             return pair
         key = next(self._keys)
         number = self.taken
         self.taken = number + 1
-        if self._stateful is None and not self._exclude and self._rebase_checked:
+        source = self.source
+        if not self._exclude and self._rebase_checked and not source.per_key:
             return number, key  # the common case, on every batch's path
         if not self._rebase_checked:
-            self._check_rebase()
-        stateful = self._stateful
-        if stateful is not None and self._every and self.taken % self._every == 0:
-            stateful.snapshots[self.taken] = stateful.holder.state_dict()
+            self._rebase_checked = True
+            self.base += source.rebased(self._skip)
+        source.took(self.taken)
         if number not in self._exclude:
             return number, key
         return next(self)
 
     def exhausted(self) -> bool:
         """Whether no key is left (draws the next one ahead, kept for the next ``next``)."""
-        if self._peeked is not None:
+        if self.drawn_ahead is not None:
             return False
         try:
-            self._peeked = next(self)
+            self.drawn_ahead = next(self)
         except StopIteration:
             return True
         return False
-
-    def _check_rebase(self) -> None:
-        # A built-in sampler may rewrite its start when it begins (a DistributedSampler
-        # resumed with another world size): the keys skipped so far then precede the start.
-        self._rebase_checked = True
-        run = self._run
-        if run is not None and self._asked_skip and run.skip == 0:
-            self.base += self._skip
 
     # -- the cursor ----------------------------------------------------------------------------
 
     def cursor_at(self, count: int) -> KeysCursor:
         """How to start again after the first ``count`` keys of the epoch (with
         ``position=count``)."""
-        if self.kind == "builtin":
-            assert self._run is not None
-            start = self._run.start
-            if start is None:
-                start = pending_start(self._builtin_sampler)
-            return KeysCursor("builtin", start, base=self.base)
-        if self.kind == "stateful":
-            if self._stateful is None:  # opened lazily and not yet: its state as it stands
-                plan = self._plan
-                return between_epochs(plan.sampler, plan.batch_sampler, plan.generator)
-            snapshots = self._stateful.snapshots
-            at = max(n for n in snapshots if n <= count)
-            for old in [n for n in snapshots if n < at]:
-                del snapshots[old]  # never asked for again: the cursor only moves forward
-            watched = self._watched
-            ended = watched is not None and watched.ended and self._peeked is None
-            if ended and count == self.taken:
-                # Every key was handed out and the sampler's iteration is over: its state now
-                # is the one after that end (it may already describe its next epoch).
-                state = self._stateful.holder.state_dict()
-                return KeysCursor("stateful", snapshot=state, snapshot_at=count, ended=True)
-            return KeysCursor("stateful", snapshot=snapshots[at], snapshot_at=at)
-        if self.kind == "skip":
-            began = self._generator_start
-            if began is None and self._watched is None:  # opened lazily and not yet
-                own = foreign_generator(
-                    user_source(self._plan.sampler, self._plan.batch_sampler), self._plan.generator
-                )
-                began = None if own is None else generator_state(own)
-            return KeysCursor("skip", sampler_generator=began)
-        return KeysCursor(self.kind)
+        return self.source.cursor_at(self, count)
 
 
 _END = object()
