@@ -313,10 +313,9 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
     def stats(self) -> LoaderStats:
         """Where the time of the epoch in progress (or the last one) went, per stage and per
         worker: a :class:`ferry.stats.LoaderStats`; ``print()`` it, or log ``.as_dict()``."""
-        track = self._resume.track
-        if track is not None:
+        track, recorder = self._resume.track, self._resume.stats
+        if track is not None and recorder is not None:
             workers, kind = track.plan.num_workers, track.plan.worker_type
-            recorder = track.stats
         else:
             workers, kind = self.num_workers, self.worker_type
             recorder = StatsRecorder(max(workers, 1))
@@ -413,7 +412,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
             from ferry._engine.pool import WorkerIterator
 
             iterator = WorkerIterator(plan, resume, budget, run)
-        self._resume.track = iterator._track
+        self._resume.track, self._resume.stats = iterator._track, iterator._stats
         self._made = iterator
         return iterator
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from time import perf_counter
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from ferry._core.memory import COPY_ON_WRITE
 
@@ -238,6 +238,35 @@ class LoaderStats:
         return lines
 
 
+class ReadsView(Protocol):
+    """What the statistics read of a loader's pool of per-sample reads (the engine's
+    ``SampleReads`` or ``AsyncReads``)."""
+
+    @property
+    def peak_width(self) -> int:
+        """The most reads of one batch run at once."""
+        ...
+
+    @property
+    def limit(self) -> int:
+        """The most reads the pool runs at once."""
+        ...
+
+    @property
+    def ratio(self) -> float:
+        """A read's wall seconds over its CPU seconds, as measured."""
+        ...
+
+
+class SharedMemoryView(Protocol):
+    """What the statistics read of the shared memory that process workers' batches hold in the
+    main process (the engine's channel to them)."""
+
+    def held_bytes(self) -> int: ...
+
+    def held_peak_bytes(self) -> int: ...
+
+
 class StatsRecorder:
     """The running figures of one epoch (internal: engines add to it, the loader reads it).
 
@@ -275,6 +304,12 @@ class StatsRecorder:
 
     def __init__(self, num_workers: int, clock: Callable[[], float] = perf_counter) -> None:
         self.clock = clock
+        self.restart(num_workers)
+
+    def restart(self, num_workers: int) -> None:
+        """Begin a new epoch's figures (of ``num_workers`` workers, 1 in the main process),
+        in place: the iterator and its loader read the same recorder."""
+        clock = self.clock
         self.started = clock()
         self.ended: float | None = None
         # One timer per timed stage, kept (a block costs about 0.2 us, none is made per batch).
@@ -287,9 +322,11 @@ class StatsRecorder:
         # Each process worker's memory at its first measure of the epoch and its latest.
         self.memory_first = [-1] * num_workers
         self.memory_latest = [-1] * num_workers
-        self.reads: Any = None  # thread workers' SampleReads (ferry._engine.work.reads), if any
-        # Process workers' channel (ferry._engine.crew.channels): the shared memory mapped here.
-        self.shared: Any = None
+        # Thread workers' shared per-sample reads (or an async dataset's), if any; process
+        # workers' channel, which says what shared memory their batches hold here. The engine
+        # sets them as the epoch begins; the recorder only reads them.
+        self.reads: ReadsView | None = None
+        self.shared: SharedMemoryView | None = None
         # CPU seconds the threads that made the measured batches used making them, and the
         # wall seconds those batches took (fetch and collate): see fetch.CPU_SAMPLE.
         self.cpu = self.cpu_made = 0.0
@@ -371,6 +408,18 @@ class StatsRecorder:
             if self.memory_first[worker_id] < 0:
                 self.memory_first[worker_id] = held
             self.memory_latest[worker_id] = held
+
+    def memory_growth(self) -> tuple[int, int, int]:
+        """``(grown, made, total)``: how many bytes the workers measured this epoch grew by
+        since their first measure, how many batches those workers made, and how many batches
+        every worker made."""
+        measured = [w for w, first in enumerate(self.memory_first) if first >= 0]
+        grown = sum(self.memory_latest[w] - self.memory_first[w] for w in measured)
+        return grown, sum(self.made[w] for w in measured), sum(self.made)
+
+    def measured_memory(self, worker_id: int) -> bool:
+        """Whether worker ``worker_id`` measured its memory this epoch."""
+        return self.memory_first[worker_id] >= 0
 
     def worker_restarted(self, worker_id: int) -> None:
         """Worker ``worker_id`` is a new process: its memory is measured afresh."""

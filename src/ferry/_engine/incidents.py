@@ -38,6 +38,7 @@ from ferry.errors import (
     rebuild_exception,
     warn_from_user_code,
 )
+from ferry.stats import StatsRecorder
 
 __all__ = ["Incidents"]
 
@@ -49,10 +50,13 @@ class Incidents:
     workers that do not persist); ``restarts`` spans them all.
     """
 
-    def __init__(self, crew: Crew[Any], schedule: Scheduler, track: EpochTrack) -> None:
+    def __init__(
+        self, crew: Crew[Any], schedule: Scheduler, track: EpochTrack, stats: StatsRecorder
+    ) -> None:
         self.crew = crew
         self.schedule = schedule
         self.track = track
+        self.stats = stats
         self.restarts = 0  # dead workers replaced by this iterator (max_worker_restarts)
         self.stacks: dict[int, Stack] = {}  # workers' answers to a stall report's request
         self.waiting_since = 0.0  # when the loop began waiting for the batch it waits for
@@ -149,7 +153,7 @@ class Incidents:
             raise died from None
         self.restarts += 1
         worker_id = dead.worker_id
-        self.track.stats.worker_restarted(worker_id)
+        self.stats.worker_restarted(worker_id)
         config = replace(
             crew.configs[worker_id],
             resume=self.track.flight.restart(worker_id),

@@ -58,6 +58,7 @@ from ferry._engine.work.fetch import (
 )
 from ferry._torch_types import TorchLoaderIterator
 from ferry.errors import TooManyErrors
+from ferry.stats import StatsRecorder
 
 __all__ = ["InlineIterator", "LoaderIterator"]
 
@@ -76,6 +77,7 @@ class LoaderIterator(TorchLoaderIterator):
     """
 
     _track: EpochTrack
+    _stats: StatsRecorder
     _base_seed: int
 
     # torch's iterators mirror their loader's options in these attributes, which code reads.
@@ -233,8 +235,11 @@ class LoaderIterator(TorchLoaderIterator):
         )
         if getattr(self, "_track", None) is None:
             self._track = EpochTrack(plan, keys, cursor, self._carried_budget)
-        else:  # the loader holds this track: renew it in place
+            # Where the epoch's time goes (ferry.stats); the loader reads it too.
+            self._stats = StatsRecorder(workers)
+        else:  # the loader holds this track and these statistics: renewed in place
             self._track.renew(plan, keys, cursor)
+            self._stats.restart(workers)
 
     def _resumed_workers(self, start: Cursor) -> tuple[WorkerCursor, ...]:
         """Each worker's position as the epoch opens; what of ``start`` cannot apply to this
@@ -259,17 +264,17 @@ class LoaderIterator(TorchLoaderIterator):
         return batch_count(self._plan.index_sampler)
 
     def __next__(self) -> Any:
-        track = self._track
-        asked = track.stats.asked()
+        track, stats = self._track, self._stats
+        asked = stats.asked()
         try:
             delivery = self._next_batch()
             if delivery.outcome is not None:  # on_error="skip" counted samples
                 delivery = self._kept(delivery)
         except StopIteration:
             track.finished = True
-            track.stats.epoch_ended(asked)
+            stats.epoch_ended(asked)
             raise
-        track.stats.handed_out(asked)
+        stats.handed_out(asked)
         # The one place the position moves: the batch is now the user's.
         track.delivered(delivery.number, delivery.worker_id, delivery.worker)
         track.yielded += 1
@@ -277,14 +282,14 @@ class LoaderIterator(TorchLoaderIterator):
             self._check_length(track.yielded)
         if not self._plan.pin:
             return delivery.batch
-        with track.stats.timing("pin"):
+        with stats.timing("pin"):
             return self._pinned(delivery.batch, delivery.number)
 
     def _kept(self, delivery: Delivery) -> Delivery:
         """With ``on_error="skip"``: count the samples ``delivery`` dropped, and pass over the
         batches whose every sample failed; the next batch with samples left."""
         while True:
-            self._count_skips(self._track, delivery)
+            self._count_skips(self._track, self._stats, delivery)
             if delivery.batch is not DROPPED:
                 return delivery
             delivery = self._next_batch()
@@ -324,13 +329,13 @@ class LoaderIterator(TorchLoaderIterator):
         raise NotImplementedError
 
     @staticmethod
-    def _count_skips(track: EpochTrack, delivery: Delivery) -> None:
+    def _count_skips(track: EpochTrack, stats: StatsRecorder, delivery: Delivery) -> None:
         """Add a batch's dropped samples to the run's budget. A batch with no sample left is
         consumed here (the position moves past it; nothing is handed out), and so is one that
         takes the run past its budget: a resume does not fetch either again."""
         assert delivery.outcome is not None
         seen, dropped = delivery.outcome
-        track.stats.samples_skipped(len(dropped))
+        stats.samples_skipped(len(dropped))
         try:
             track.budget.add(seen, dropped)
         except TooManyErrors:
@@ -452,7 +457,7 @@ class InlineIterator(LoaderIterator):
         plan = self._plan
         self._end_reads()  # (each epoch's fetcher has its own: the loop stops as it ends)
         if not plan.iterable_style and is_async_dataset(plan.dataset):
-            self._reads = self._track.stats.reads = AsyncReads()
+            self._reads = self._stats.reads = AsyncReads()
             weakref.finalize(self, self._reads.close, 1.0)
         return make_fetcher(
             plan.dataset,
@@ -473,7 +478,7 @@ class InlineIterator(LoaderIterator):
             self._reads = None
 
     def _next_batch(self) -> Delivery:
-        stats = self._track.stats
+        stats = self._stats
         try:
             with stats.timing("sampler"):
                 number, key = next(self._track.keys)

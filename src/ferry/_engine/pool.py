@@ -78,7 +78,7 @@ class WorkerIterator(LoaderIterator):
         # Which worker makes which batch and which is handed out next (no transport).
         self._schedule = Scheduler(plan.num_workers, plan.in_order)
         self._crew = self._new_crew()
-        self._incidents = Incidents(self._crew, self._schedule, self._track)
+        self._incidents = Incidents(self._crew, self._schedule, self._track, self._stats)
         self._fatal: BaseException | None = None
         # num_workers="auto": workers that each hold a copy of the dataset (processes), whose
         # reads wait or whose memory grows past what the system has, give way to threads
@@ -179,8 +179,8 @@ class WorkerIterator(LoaderIterator):
         # the sampler for its iterator first); they are drawn from right away to fill the
         # prefetch queue, as torch does, so RNG draws happen in the same order.
         track = self._track
-        track.stats.reads = self._crew.group.reads  # (None but for thread workers, map-style)
-        track.stats.shared = self._crew.channel  # (what the process workers' slabs hold here)
+        self._stats.reads = self._crew.group.reads  # (None but for thread workers, map-style)
+        self._stats.shared = self._crew.channel  # (what the process workers' slabs hold here)
         self._schedule.begin_epoch(track.next_key, track.turn)
         track.open_flight(self._crew.replays)
         for _ in range(self._depth() if tasks is None else tasks):
@@ -230,7 +230,7 @@ class WorkerIterator(LoaderIterator):
             return
         track = self._track
         try:
-            with track.stats.timing("sampler") as start:
+            with self._stats.timing("sampler") as start:
                 index, key = next(track.keys)
         except StopIteration:
             schedule.keys_done = True
@@ -270,7 +270,7 @@ class WorkerIterator(LoaderIterator):
             return self._next_result()
         except StopIteration:
             workers = [(w.worker_id, w.pid) for w in self._crew.workers]
-            self._measure_at_end(self._track.stats, workers)
+            self._measure_at_end(self._stats, workers)
             if not self._plan.persistent_workers:
                 self._crew.stop()
             raise
@@ -281,7 +281,7 @@ class WorkerIterator(LoaderIterator):
     def _become_threads(self) -> None:
         """``num_workers="auto"``: the process workers become threads here (ThreadMove.move)."""
         try:
-            crew = self._auto.move(self, self._crew, self._track, self._schedule)
+            crew = self._auto.move(self, self._crew, self._track, self._schedule, self._stats)
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -292,7 +292,7 @@ class WorkerIterator(LoaderIterator):
     def _next_result(self) -> Delivery:
         timeout = self._plan.timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
-        stats = self._track.stats
+        stats = self._stats
         waited = False
         schedule = self._schedule
         while True:
@@ -419,7 +419,7 @@ class WorkerIterator(LoaderIterator):
         figures, and the batch, ready to be handed out (or pinned first)."""
         task = self._schedule.arrived(task_id)
         task.position = self._track.flight.made(worker_id, task.index, done.report)
-        stats = self._track.stats
+        stats = self._stats
         stats.worker_made(worker_id, done.timing)
         stats.cpu_used(done.timing.made_s, done.cpu)
         if done.memory >= 0:

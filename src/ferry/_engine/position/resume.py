@@ -42,6 +42,7 @@ from ferry._engine.position.cursor import (
 )
 from ferry._engine.position.track import EpochTrack, between_epochs_cursor
 from ferry.errors import StateMismatch
+from ferry.stats import StatsRecorder
 
 __all__ = ["Resumer", "fit_workers", "identity_of", "warn_replay"]
 
@@ -149,9 +150,11 @@ class Resumer:
         # The state loaded for the next iterator: its cursor and the dict it came from.
         # (None for the dict: carried over by the loader itself, not loaded)
         self.pending: tuple[Cursor, dict[str, Any] | None] | None = None
-        # The epoch track of the last iterator, and the state that iterator was loaded from
-        # (returned as it was, until a batch moves the position).
+        # The epoch track of the last iterator, its statistics (set with the track), and the
+        # state that iterator was loaded from (returned as it was, until a batch moves the
+        # position).
         self.track: EpochTrack | None = None
+        self.stats: StatsRecorder | None = None
         self.loaded: tuple[Cursor, dict[str, Any]] | None = None
         self.warned_replay = False
         # The type of what the loader's _get_iterator() returned last, when ferry did not make

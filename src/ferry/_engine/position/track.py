@@ -26,7 +26,6 @@ from ferry._engine.position.keeper import WorkerReport
 from ferry._engine.position.keys import EpochKeys, between_epochs, draws_from_global
 from ferry._engine.work.fetch import Outcome
 from ferry.errors import EpochReplayWarning, warn_from_user_code
-from ferry.stats import StatsRecorder
 
 __all__ = ["Delivery", "EpochTrack", "InFlight", "between_epochs_cursor", "guard_replay"]
 
@@ -121,8 +120,6 @@ class EpochTrack:
         self.switched = ""
         # The workers' positions as their batches arrive (the worker engine: open_flight).
         self.flight = InFlight([], False)
-        # Where the epoch's time goes (ferry.stats), kept beside the position.
-        self.stats = StatsRecorder(max(plan.num_workers, 1))
         # on_error="skip": the samples dropped so far in the run (counts are in the cursor).
         run = cursor.run
         if (self.budget.skipped, self.budget.seen) != (run.skipped, run.seen):

@@ -153,11 +153,9 @@ class ThreadSwitch:
         return why
 
     def _memory(self, stats: StatsRecorder, epoch: Callable[[], int]) -> str:
-        measured = [w for w, first in enumerate(stats.memory_first) if first >= 0]
-        grown = sum(stats.memory_latest[w] - stats.memory_first[w] for w in measured)
-        made = sum(stats.made[w] for w in measured)
+        grown, made, total = stats.memory_growth()
         try:
-            left = epoch() - sum(stats.made)
+            left = epoch() - total
         except TypeError:  # a sampler with no length: as many again as made so far
             left = made
         return growth_verdict(grown, made, left, self._budget, self._ceiling)
@@ -215,7 +213,12 @@ class ThreadMove:
         return bool(self.switch.why)
 
     def move(
-        self, owner: object, crew: Crew[Any], track: EpochTrack, schedule: Scheduler
+        self,
+        owner: object,
+        crew: Crew[Any],
+        track: EpochTrack,
+        schedule: Scheduler,
+        stats: StatsRecorder,
     ) -> Crew[Any]:
         """The process workers wait on their reads, so as many thread workers take over here,
         at a batch boundary, and read each batch's samples at once
@@ -239,7 +242,7 @@ class ThreadMove:
         threads: Crew[Any] = Crew(owner, ThreadWorkers())
         # The thread workers' reads run at once from the first: the judge measured them.
         threads.group.reads = SampleReads(measured=self.switch.judge.per_read())
-        track.stats.reads = threads.group.reads
+        stats.reads = threads.group.reads
         threads.pin(plan)
         threads.configs = [
             replace(
@@ -275,7 +278,7 @@ class EndMeasure:
 
     def __call__(self, stats: StatsRecorder, pids: list[tuple[int, int | None]]) -> None:
         """Read the workers ``(worker id, pid)`` measured this epoch, if the share allows."""
-        due = [(w, pid) for w, pid in pids if pid is not None and stats.memory_first[w] >= 0]
+        due = [(w, pid) for w, pid in pids if pid is not None and stats.measured_memory(w)]
         epoch = stats.clock() - stats.started
         if not due or self._cost * len(due) * COST_SHARE > epoch:
             return
