@@ -35,8 +35,13 @@ class SlowFetch(ferry.Dataset[torch.Tensor]):
         return torch.full((64,), index)
 
 
+# Well above what a trivial fetch of a batch costs on a loaded machine (tens of ms, seen in CI):
+# the stage the time lands in must not depend on the machine's load.
+COLLATE_S = 0.05
+
+
 def slow_collate(samples: list[torch.Tensor]) -> torch.Tensor:
-    time.sleep(0.01)
+    time.sleep(COLLATE_S)
     return torch.stack(samples)
 
 
@@ -105,7 +110,7 @@ def test_slow_collate_is_collate(engine: str) -> None:
     assert len(list(loader)) == 4
     stats = loader.stats()
     consistent(stats, 4)
-    assert stats.collate_s >= 4 * 0.01
+    assert stats.collate_s >= 4 * COLLATE_S
     assert stats.collate_s > stats.fetch_s
 
 
