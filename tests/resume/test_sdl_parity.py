@@ -305,19 +305,29 @@ def run_points(setup: Setup, points: list[SavePoint]) -> None:
     assert not problems, "\n".join(problems)
 
 
-# -- num_workers=0: the full cross product -------------------------------------------------------
+# -- num_workers=0: every dataset, sampler and batching ----------------------------------------
 
 BATCHINGS = [(3, False), (3, True), (4, False), (4, True), (None, False)]
 SAMPLERS = ["default", "torch_random", "torch_random_gen", "shuffle_gen"]
 
 
+SNAPSHOTS = (1, 0, 3)
+
+
 def _inline_setups() -> list[Setup]:
+    """Every dataset, sampler and batching. Without workers neither library's iterator reads
+    ``snapshot_every_n_steps`` (SDL's single-process iterator reads the state when it is asked
+    for, and so does ferry's inline iterator; only the workers take snapshots), so the
+    interval rotates over the batchings instead of multiplying them: each of 1, 0 and 3 still
+    runs with every dataset, every sampler and every batching, and is taken by both
+    constructors."""
     setups = []
     for dataset in [*sp.MAP_DATASETS, *sp.ITERABLE_DATASETS]:
         samplers = ["default"] if dataset in sp.ITERABLE_DATASETS else SAMPLERS
-        for sampler, (batch_size, drop_last), snapshot in itertools.product(
-            samplers, BATCHINGS, (1, 0, 3)
+        for (s, sampler), (b, (batch_size, drop_last)) in itertools.product(
+            enumerate(samplers), enumerate(BATCHINGS)
         ):
+            snapshot = SNAPSHOTS[(s + b) % len(SNAPSHOTS)]
             setups.append(Setup(dataset, sampler, batch_size, drop_last, "none", snapshot))
     return setups
 
@@ -335,8 +345,8 @@ def _cases(setups: list[Setup]) -> list[Any]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("setup", "kind"), _cases(_inline_setups()))
 def test_inline(setup: Setup, kind: str) -> None:
-    """num_workers=0: every dataset, sampler, batching and snapshot interval, every save point
-    of ``kind`` at each of the 3 epochs."""
+    """num_workers=0: every dataset, sampler and batching (the snapshot interval rotating over
+    them: see :func:`_inline_setups`), every save point of ``kind`` at each of the 3 epochs."""
     run_points(setup, sp.save_points(kind, setup.epochs))
 
 
