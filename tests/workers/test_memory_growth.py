@@ -28,6 +28,7 @@ linux = pytest.mark.skipif(
     not Path("/proc/self/smaps_rollup").exists(), reason="needs /proc/<pid>/smaps_rollup (Linux)"
 )
 MiB = 1 << 20
+INTERVAL_S, COST_SHARE = memory.INTERVAL_S, memory.COST_SHARE  # the library's own pace
 
 
 class Strings(tud.Dataset[int]):
@@ -285,7 +286,11 @@ def test_auto_moves_to_threads_when_the_growth_would_exceed_the_memory(
     second, stats = _epoch(auto)
     assert stats.engine == "thread"
     assert auto.worker_type == "thread"  # kept for the next epochs
-    # Not a batch changed: the same as fixed process workers over the same seeds.
+    # Not a batch changed: the same as fixed process workers over the same seeds. They measure
+    # at the library's own pace (how often a worker measures changes no batch; measuring this
+    # large a process 20 times a second took about 2 s of each 800,000-sample epoch).
+    monkeypatch.setattr(memory, "INTERVAL_S", INTERVAL_S)
+    monkeypatch.setattr(memory, "COST_SHARE", COST_SHARE)
     fixed = loader(2)
     assert first == _epoch(fixed)[0]
     assert second == _epoch(fixed)[0]
