@@ -6,18 +6,19 @@ stand-in too. Usage (the tests build these command lines)::
 
     python _streaming_programs.py write DIR
     python _streaming_programs.py orders LIBRARY DIR
-    python _streaming_programs.py save LIBRARY DIR RUNS STATES
-    python _streaming_programs.py load LIBRARY DIR RUNS STATES
+    python _streaming_programs.py save PLAN
+    python _streaming_programs.py load PLAN
 
 ``write`` writes both libraries' datasets, into DIR/mosaic and DIR/litdata. LIBRARY is
 ``mosaic`` (MosaicML Streaming), ``litdata``, or ``litdata-told`` (the dataset
 told the batch size, as litdata's own loader tells it). RUNS: comma-separated
 ``LOADER-WORKERS`` or ``ferry-WORKERS-thread``, LOADER ``ferry`` or ``library`` (the library's
-own StreamingDataLoader).
+own StreamingDataLoader). PLAN: a JSON file, a list of ``[LIBRARY, DIR, RUNS, STATES]``, run in
+order in the one interpreter (each start imports torch and both libraries: seconds).
 ``save`` runs an epoch, part of the next, saves the loader's state to STATES/RUN.json, then
 finishes that epoch and runs one more: the uninterrupted run. ``load`` builds everything
 afresh, loads the state and runs the rest of the epoch and one more. Each prints one JSON
-line: what the training loop saw.
+line: what the training loop saw (for ``save`` and ``load``, by LIBRARY).
 """
 
 from __future__ import annotations
@@ -191,15 +192,22 @@ def main(argv: list[str]) -> None:
             write(library, str(Path(argv[1]) / library))
         print('RESULT "written"', flush=True)
         return
-    mode, library, where, *rest = argv
-    try:
-        if mode == "orders":
+    if argv[0] == "orders":
+        _, library, where = argv
+        try:
             result: Any = orders(library, where)
-        else:
-            runs, states = rest
-            result = (save if mode == "save" else load)(library, where, runs.split(","), states)
-    finally:
-        clean(library)
+        finally:
+            clean(library)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    mode, plan = argv
+    step = save if mode == "save" else load
+    result = {}
+    for library, where, runs, states in json.loads(Path(plan).read_text()):
+        try:
+            result[library] = step(library, where, runs.split(","), states)
+        finally:
+            clean(library)
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -106,15 +106,21 @@ RUNS = {
 def resumed(
     written: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, dict[str, Any]]:
-    """Per library: each run saved mid-epoch in one process, loaded in another."""
-    out = {}
+    """Per library: each run saved mid-epoch in one process, loaded in another (one process
+    saves every library's runs, and another loads them all)."""
+    root = tmp_path_factory.mktemp("states")
+    plan = []
     for library, runs in RUNS.items():
-        states = tmp_path_factory.mktemp(f"states-{library}")
-        where = folder(written, library)
-        saved = run("save", library, where, ",".join(runs), states)
-        loaded = run("load", library, where, ",".join(runs), states)
-        out[library] = {name: (saved[name], loaded[name]) for name in runs}
-    return out
+        states = root / library
+        states.mkdir()
+        plan.append([library, str(folder(written, library)), ",".join(runs), str(states)])
+    (root / "plan.json").write_text(json.dumps(plan))
+    saved = run("save", root / "plan.json")
+    loaded = run("load", root / "plan.json")
+    return {
+        library: {name: (saved[library][name], loaded[library][name]) for name in runs}
+        for library, runs in RUNS.items()
+    }
 
 
 @pytest.mark.parametrize(
