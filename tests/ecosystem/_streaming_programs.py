@@ -5,7 +5,7 @@ tests/ecosystem/__init__.py): a spawned worker gets the same ``sys.path``, so it
 stand-in too. Usage (the tests build these command lines)::
 
     python _streaming_programs.py write DIR
-    python _streaming_programs.py orders LIBRARY DIR
+    python _streaming_programs.py orders LIBRARY DIR [LIBRARY DIR ...]
     python _streaming_programs.py save PLAN
     python _streaming_programs.py load PLAN
 
@@ -192,12 +192,13 @@ def main(argv: list[str]) -> None:
             write(library, str(Path(argv[1]) / library))
         print('RESULT "written"', flush=True)
         return
-    if argv[0] == "orders":
-        _, library, where = argv
-        try:
-            result: Any = orders(library, where)
-        finally:
-            clean(library)
+    if argv[0] == "orders":  # by LIBRARY
+        result: Any = {}
+        for library, where in zip(argv[1::2], argv[2::2], strict=True):
+            try:
+                result[library] = orders(library, where)
+            finally:
+                clean(library)
         print("RESULT " + json.dumps(result), flush=True)
         return
     mode, plan = argv
