@@ -36,7 +36,7 @@ from ferry._engine.schedule import Scheduler, TaskId
 from ferry._engine.transport.messages import Done, Exhausted, Failed, FirstLook, Ready, Stack
 from ferry._engine.transport.pin import PinJob
 from ferry._engine.transport.slabfile import DescriptorLimitReached
-from ferry._engine.tuning.switch import EndMeasure, ThreadMove
+from ferry._engine.tuning.switch import ThreadMove, measure_at_end
 from ferry._engine.work.aio import AsyncReads, is_async_dataset
 from ferry._engine.work.fetch import DROPPED
 from ferry._engine.work.reads import POOL_LIMIT
@@ -53,8 +53,8 @@ class WorkerIterator(LoaderIterator):
 
     What it holds: its crew (the workers, :class:`~ferry._engine.crew.crew.Crew`), the
     scheduler (which worker makes which batch, and the order they are handed out in), the
-    incidents (dead, stalled and late workers), auto's move to threads, the end-of-epoch
-    memory measure, and the error that ended it, if one did; the epoch's position is the
+    incidents (dead, stalled and late workers), auto's move to threads, and the error that
+    ended it, if one did; the epoch's position is the
     track's (the base class's).
     """
 
@@ -84,7 +84,6 @@ class WorkerIterator(LoaderIterator):
         # reads wait or whose memory grows past what the system has, give way to threads
         # (tuning/switch.py).
         self._auto = ThreadMove(plan, self._crew.kind.copies_dataset, self._crew.replays)
-        self._measure_at_end = EndMeasure()  # (the workers' memory, when the epoch ends)
         self._start_crew()
 
     def _new_crew(self) -> Crew[Any]:
@@ -270,7 +269,7 @@ class WorkerIterator(LoaderIterator):
             return self._next_result()
         except StopIteration:
             workers = [(w.worker_id, w.pid) for w in self._crew.workers]
-            self._measure_at_end(self._stats, workers)
+            measure_at_end(self._stats, workers)  # (the workers' memory, within its share)
             if not self._plan.persistent_workers:
                 self._crew.stop()
             raise

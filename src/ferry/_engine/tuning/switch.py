@@ -56,8 +56,8 @@ __all__ = [
     "HeldWorkers",
     "ThreadMove",
     "ThreadSwitch",
-    "EndMeasure",
     "WaitJudge",
+    "measure_at_end",
 ]
 
 # The longest the other workers are held back for the first worker's first look (seconds):
@@ -263,29 +263,33 @@ class ThreadMove:
         return threads
 
 
-class EndMeasure:
-    """The epoch ended: each process worker's memory is read from here (it is idle now, and
-    its own measures, at most four times a second, may miss the end of a short epoch), within
-    the share of the epoch's time the workers' own measures keep to (1%).
+class _ReadCost:
+    """Seconds the last end-of-epoch read of one worker's memory took, in this process (0:
+    none made yet). Kept for the process, not per iterator: each epoch of workers that do not
+    persist has an iterator of its own, and a cost kept per iterator was 0 at every epoch's
+    end, so every worker was read every time, past the share."""
+
+    seconds = 0.0
+
+
+def measure_at_end(stats: StatsRecorder, pids: list[tuple[int, int | None]]) -> None:
+    """The epoch ended: read the memory of the process workers ``(worker id, pid)`` measured
+    this epoch, from here (they are idle now, and their own measures, at most four times a
+    second, may miss the end of a short epoch), within the share of the epoch's time the
+    workers' own measures keep to (1%).
 
     A read of ``smaps_rollup`` walks the worker's page tables: 5-7 ms for a worker that
     imported torch, on the main process's clock and the epoch's path. Without the share, a
-    50 ms epoch of 2 persistent workers spent 11-16 ms of the main process's CPU on it, and
-    15 workers would spend about 100 ms at every epoch's end (issue 33)."""
-
-    def __init__(self) -> None:
-        self._cost = 0.0  # seconds the last read of one worker took (0: none made yet)
-
-    def __call__(self, stats: StatsRecorder, pids: list[tuple[int, int | None]]) -> None:
-        """Read the workers ``(worker id, pid)`` measured this epoch, if the share allows."""
-        due = [(w, pid) for w, pid in pids if pid is not None and stats.measured_memory(w)]
-        epoch = stats.clock() - stats.started
-        if not due or self._cost * len(due) * COST_SHARE > epoch:
-            return
-        started = time.perf_counter()
-        for worker_id, pid in due:
-            stats.worker_memory(worker_id, anon_bytes(f"/proc/{pid}/smaps_rollup"))
-        self._cost = (time.perf_counter() - started) / len(due)
+    50 ms epoch of 2 persistent workers spent 11-16 ms of the main process's CPU on it, and 15
+    workers would spend about 100 ms at every epoch's end."""
+    due = [(w, pid) for w, pid in pids if pid is not None and stats.measured_memory(w)]
+    epoch = stats.clock() - stats.started
+    if not due or _ReadCost.seconds * len(due) * COST_SHARE > epoch:
+        return
+    started = time.perf_counter()
+    for worker_id, pid in due:
+        stats.worker_memory(worker_id, anon_bytes(f"/proc/{pid}/smaps_rollup"))
+    _ReadCost.seconds = (time.perf_counter() - started) / len(due)
 
 
 def _key_length(key: Any) -> int:
