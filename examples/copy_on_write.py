@@ -1,4 +1,4 @@
-"""Copy-on-write growth, as ``loader.stats()`` reports it (issue 22).
+"""Copy-on-write growth, as ``loader.stats()`` reports it.
 
 A map-style dataset keeps 800,000 Python strings in a list; two forked process workers read
 them in a shuffled epoch, and each copies the pages the strings sit on. ``--shared`` keeps them

@@ -1,4 +1,4 @@
-"""Samples that wait: how fast ferry loads them, epoch by epoch (issue 21's workload).
+"""Samples that wait: how fast ferry loads them, epoch by epoch (the I/O-latency workload).
 
 Each sample waits ``--latency`` seconds (``time.sleep``, which releases the GIL, standing for a
 network read), then builds a 64 KiB float32 array; batch 32, 1,024 samples; every index is

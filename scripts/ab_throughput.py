@@ -2,9 +2,9 @@
 
 Used to check that a change costs nothing measurable on the per-batch path (for example the
 resume state tracking): inline, 2 process workers, 2 thread workers, and 2 persistent process
-workers (one loader, its epochs after the first: where issue 33's regression hid). Each round
-runs one fresh interpreter per tree and engine, in turn, so drift of the machine hits both
-alike; the median over rounds is printed.
+workers (one loader, its epochs after the first: where the persistent-workers regression hid).
+Each round runs one fresh interpreter per tree and engine, in turn, so drift of the machine hits
+both alike; the median over rounds is printed.
 
     git worktree add /tmp/base <commit>
     .venv/bin/python scripts/ab_throughput.py /tmp/base/src src --rounds 5

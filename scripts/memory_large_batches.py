@@ -1,4 +1,4 @@
-"""Memory of a loader whose batches are large, ferry beside torch (issue 22, item 2).
+"""Memory of a loader whose batches are large, ferry beside torch.
 
 The scenario: batches of 1 GiB (8 samples of 32x1024x1024 float32, ``batch_size=8``; smaller
 with ``--sample-mib``), two process workers, a training loop that reads every batch

@@ -1,8 +1,8 @@
 """Steady-state epochs with persistent workers: time, CPU and page faults per epoch, both sides.
 
-Issue 33's regression row: uint8 3x224x224 images from a preallocated pool, batch 64, 2
-process workers, 2,048 samples an epoch, ``persistent_workers=True``, shuffled. For each epoch
-it prints the wall time, the main process's CPU time (all its threads) and minor page faults,
+The persistent-workers regression's row: uint8 3x224x224 images from a preallocated pool, batch
+64, 2 process workers, 2,048 samples an epoch, ``persistent_workers=True``, shuffled. For each
+epoch it prints the wall time, the main process's CPU time (all its threads) and minor page faults,
 and the workers' CPU time (``/proc/<pid>/task/*/schedstat``, ns) and minor faults
 (``/proc/<pid>/stat``), summed. CPU time and fault counts hardly move with other load on the
 machine; wall time does, so compare wall time only in interleaved A/B runs (``--src``, below).

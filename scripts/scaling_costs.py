@@ -1,7 +1,7 @@
 """What each batch costs, per component, as the worker count grows: ferry beside torch.
 
-Issue 33, item 2. One loader with persistent workers, a warm-up epoch, then one measured epoch;
-for each loader and worker count it prints, per batch:
+One loader with persistent workers, a warm-up epoch, then one measured epoch; for each loader
+and worker count it prints, per batch:
 
 * the main process's CPU time (all its threads), minor page faults and context switches
   (voluntary: a thread went to sleep, so another wake-up will follow), and its thread count;

@@ -80,7 +80,7 @@ def test_a_slow_getitem_is_named_and_the_advice_is_faster(
     assert max(report["stage_shares"], key=report["stage_shares"].get) == "fetch"
     advised = {a["option"]: a for a in report["advice"]}
     # A sleep is a read that waits: thread workers, which read a batch's samples at once, not
-    # more processes that would each read one at a time (issue 21).
+    # more processes that would each read one at a time.
     assert "num_workers" not in advised
     assert advised["worker_type"]["current"] == "'process' (num_workers=0)"
     assert "the reads wait, not compute" in advised["worker_type"]["reason"]
@@ -516,8 +516,9 @@ def test_threads_when_moving_batches_costs_more_than_making_them() -> None:
 def test_no_threads_for_work_that_holds_the_gil_or_was_not_tried(
     probe: ThreadProbe | None,
 ) -> None:
-    """Issue 33: CPU-bound Python work holds the GIL (15 thread workers decoding JPEGs: 0.25x
-    torch's 15 processes); threads are advised only where two were seen to run in parallel."""
+    """CPU-bound Python work holds the GIL (15 thread workers decoding JPEGs: 0.25x torch's
+    15 processes, on a 16-CPU host); threads are advised only where two were seen to run in
+    parallel."""
     stats = _stats(
         engine="process",
         num_workers=2,
@@ -613,7 +614,7 @@ def test_variants_try_each_change_then_all_together_once() -> None:
     ]
 
 
-# --- reads that wait (issue 21) ----------------------------------------------------------------
+# --- reads that wait ------------------------------------------------------------------------------
 
 
 def test_reads_that_wait_call_for_thread_workers_not_more_processes() -> None:
@@ -660,7 +661,7 @@ def test_the_stats_measure_how_much_of_a_batch_waited() -> None:
     assert 0 < made_per_cpu(Busy(n=32, work=0.002)) < rules.READS_WAIT
 
 
-# --- copy-on-write growth (issue 22) -------------------------------------------------------------
+# --- copy-on-write growth -------------------------------------------------------------------------
 
 
 def _growing(growth_mib: int) -> tuple[WorkerStats, ...]:

@@ -1,5 +1,5 @@
 """The recorder behind ``loader.stats()``: what each stage tells it and what it makes of that,
-with a stand-in clock (issue 23: the stages say what happened, the recorder measures it)."""
+with a stand-in clock (the stages say what happened, the recorder measures it)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Lightning, accelerate and Hugging Face ``datasets`` build their objects from tor
 Lightning and Fabric inject torch's ``DistributedSampler`` (with torch's ``SequentialSampler`` and
 ``BatchSampler``), accelerate's prepared loaders are torch ``DataLoader`` s, ``datasets``' streams
 are torch ``IterableDataset`` s. Their own test suites, run with ``from torch.utils.data import X``
-answered by ferry, asked ``isinstance(obj, X)`` of those objects and failed (issue 32): these are
+answered by ferry, asked ``isinstance(obj, X)`` of those objects and failed: these are
 those cases, each against the library's real objects, with ferry's names. Beside them, the
 shutdown count Lightning's ``test_workers_are_shutdown`` takes of a loader whose persistent
 iterator it stops, then lets go.

@@ -1,4 +1,4 @@
-"""MosaicML Streaming and litdata datasets through ferry's DataLoader (issue 35).
+"""MosaicML Streaming and litdata datasets through ferry's DataLoader.
 
 Both libraries' ``StreamingDataset`` has a ``state_dict`` that takes arguments (the samples
 the loop consumed), which torchdata's protocol does not call, and both shard themselves with

@@ -1,7 +1,7 @@
 """Scenarios of torchdata's own ``StatefulDataLoader`` resume suite, run side by side.
 
 torchdata 0.11's ``test/stateful_dataloader/test_state_dict.py`` is not shipped with the
-package, so its failing scenarios (issue 32) are rebuilt here from their names and from what
+package, so its scenarios that ferry failed are rebuilt here from their names and from what
 they must do, and run through torchdata's ``StatefulDataLoader`` (SDL, the reference) and
 ``ferry.DataLoader`` with the same inputs. What matters in them:
 

@@ -1,4 +1,4 @@
-"""``num_workers="auto"`` / ``prefetch_factor="auto"`` (issue 10, autotuning).
+"""``num_workers="auto"`` / ``prefetch_factor="auto"`` (autotuning).
 
 The policy is tested on synthetic :class:`LoaderStats` (no processes, no clocks): each rule,
 its caps, the trials and settling, and streams keeping their worker count. The loader tests
@@ -191,8 +191,8 @@ def test_more_workers_at_least_one_at_most_twice_and_within_the_cpus() -> None:
 
 
 def test_thread_workers_whose_reads_wait_go_past_the_cpu_count() -> None:
-    """Issue 21: threads that wait on their reads do not compete for the CPUs, so rule 1 may
-    try more of them than CPUs (up to WAITING_THREAD_CAP); a trial keeps only a faster one."""
+    """Threads that wait on their reads do not compete for the CPUs, so rule 1 may try more of
+    them than CPUs (up to WAITING_THREAD_CAP); a trial keeps only a faster one."""
     from dataclasses import replace
 
     waiting = replace(

@@ -1,4 +1,4 @@
-"""What brings a loader's first batch sooner (issue 21, docs/design/io.md, "The first batch"):
+"""What brings a loader's first batch sooner (docs/design/io.md, "The first batch"):
 
 * worker 0 is sent its first task before the other process workers are started, where drawing
   the first key leaves little memory in the main process (a worker forked after it would keep

@@ -1,4 +1,4 @@
-"""Copy-on-write growth of process workers, measured and acted on (issue 22, item 1).
+"""Copy-on-write growth of process workers, measured and acted on.
 
 A forked worker that reads the items of a large list of Python objects copies the pages they
 sit on (each read writes a reference count). The workers measure their own share of anonymous
@@ -104,7 +104,7 @@ def test_a_worker_measures_after_the_first_batch_then_at_most_four_times_a_secon
 
 def test_a_new_epoch_does_not_buy_a_read_beyond_the_share() -> None:
     """Persistent workers of short epochs: each epoch's first batch is measured only where
-    the last read was long enough ago for the 1% share (issue 33: 5-7 ms a read, 50 ms
+    the last read was long enough ago for the 1% share (measured: 5-7 ms a read, 50 ms
     epochs)."""
     now = [0.0]
 
@@ -343,7 +343,7 @@ def test_forked_workers_keep_the_inherited_objects_out_of_their_collections() ->
 @pytest.mark.timeout(60)
 def test_stats_say_how_much_shared_memory_the_loader_maps() -> None:
     """Process workers' batches lie in shared-memory slabs mapped in the main process: stats()
-    says how much is mapped now and the most it was (issue 22: large batches, bounded slabs)."""
+    says how much is mapped now and the most it was (large batches, bounded slabs)."""
     data = tud.TensorDataset(torch.zeros(64, 1 << 16))  # 256 KiB a sample: 1 MiB a batch
     loader = ferry.DataLoader(data, batch_size=4, num_workers=2)
     iterator = iter(loader)

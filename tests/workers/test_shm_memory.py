@@ -306,9 +306,9 @@ def _minor_faults(pid: int) -> int:
 @pytest.mark.timeout(60)
 def test_persistent_workers_keep_their_slabs_from_epoch_to_epoch() -> None:
     """A steady epoch of persistent workers makes, maps and retires no slab, and faults in no
-    batch's pages: the slabs of the epoch before are given back with Resume. (Issue 33: retired
-    at every epoch's end, they were made again each epoch, 2,350 faults per 9.6 MB slab in the
-    worker, and the epoch took 60-80% longer.) Counts, not seconds."""
+    batch's pages: the slabs of the epoch before are given back with Resume. (When they were
+    retired at every epoch's end, they were made again each epoch, 2,350 faults per 9.6 MB slab
+    in the worker, and the epoch took 60-80% longer.) Counts, not seconds."""
     loader = ferry.DataLoader(
         _Stored(64), batch_size=4, num_workers=2, persistent_workers=True, **FORK
     )

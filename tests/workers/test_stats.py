@@ -1,4 +1,4 @@
-"""``loader.stats()``: per-stage figures that add up, for every engine (issue 10, statistics).
+"""``loader.stats()``: per-stage figures that add up, for every engine.
 
 No timing is asserted against a threshold of speed: the checks are that the figures are
 consistent (stage times within the wall time, counts equal to batches) and that a stage made

@@ -202,7 +202,8 @@ class SlabMaps:
         if epoch:
             # Also the slabs of the batch the loop will hold while the worker makes its next
             # ones (in an epoch, those are lent, outside the bound), unless it holds one of this
-            # worker's now: else each epoch a worker made and faulted a slab anew (issue 33).
+            # worker's now: else each epoch a worker made and faulted a slab anew (the
+            # regression of persistent workers).
             room += max(0, self._per_batch - lent)
         given = usable[:room]
         self._retire([s for s in freed if s not in given])
