@@ -136,17 +136,12 @@ class LoaderIterator(TorchLoaderIterator):
             if plan.persistent_workers and plan.iterable_style:
                 # Persistent workers read the ended epoch's streams to their ends first, as
                 # the uninterrupted run's had (see WorkerCursor.ended).
-                track = self._track
-                if len(start.workers) == len(track.workers):
-                    track.workers = [
-                        now if then == WorkerCursor() else replace(now, ended=then)
-                        for now, then in zip(track.workers, start.workers, strict=True)
-                    ]
+                self._track.after_ended(start.workers)
         else:
             self._open_epoch(start)
             if resume is not None and start.started:
                 self._at_save_point(start)
-        self._track.loaded = resume
+        self._track.resumed_from(resume)
 
     def _at_save_point(self, start: Cursor) -> None:
         """A resume has made the draws the interrupted run made before its state was taken
@@ -271,13 +266,12 @@ class LoaderIterator(TorchLoaderIterator):
             if delivery.outcome is not None:  # on_error="skip" counted samples
                 delivery = self._kept(delivery)
         except StopIteration:
-            track.finished = True
+            track.ended()
             stats.epoch_ended(asked)
             raise
         stats.handed_out(asked)
         # The one place the position moves: the batch is now the user's.
-        track.delivered(delivery.number, delivery.worker_id, delivery.worker)
-        track.yielded += 1
+        track.handed(delivery.number, delivery.worker_id, delivery.worker)
         if self._plan.reported_length is not None:
             self._check_length(track.yielded)
         if not self._plan.pin:
@@ -419,7 +413,7 @@ class InlineIterator(LoaderIterator):
         self._fetcher: MapFetcher | IterableFetcher = self._keeper.open(self._make_fetcher, first)
         # The main process's position is read when the state is asked for, user states
         # included, as torchdata's loader does without workers: no report per batch.
-        self._track.live = self._live
+        self._track.read_live(self._live)
 
     def _live(self) -> WorkerCursor:
         return self._keeper.live(self._fetcher)

@@ -138,9 +138,39 @@ class EpochTrack:
         self.plan = plan
         self.switched = why
 
+    def resumed_from(self, cursor: Cursor | None) -> None:
+        """This epoch was resumed from ``cursor`` (None: it was not): saved as it is until a
+        batch moves the position."""
+        self.loaded = cursor
+
+    def after_ended(self, ended: tuple[WorkerCursor, ...]) -> None:
+        """Persistent workers of a stream resumed after an epoch that had ended: each reads
+        its ended epoch's stream (its position there, ``ended``) to its end first, as the
+        uninterrupted run's workers had (see WorkerCursor.ended)."""
+        if len(ended) == len(self.workers):
+            self.workers = [
+                now if then == WorkerCursor() else replace(now, ended=then)
+                for now, then in zip(self.workers, ended, strict=True)
+            ]
+
+    def read_live(self, live: Callable[[], WorkerCursor]) -> None:
+        """The main process's position is read when a state is asked for (``live()``, no
+        worker: no report per batch)."""
+        self.live = live
+
+    def handed(self, number: int, worker_id: int, worker: WorkerCursor | None) -> None:
+        """Batch ``number`` was handed to the user (see :meth:`delivered`)."""
+        self.delivered(number, worker_id, worker)
+        self.yielded += 1
+
+    def ended(self) -> None:
+        """The epoch ended (StopIteration was raised)."""
+        self.finished = True
+
     def delivered(self, number: int, worker_id: int, worker: WorkerCursor | None) -> None:
-        """The user now has batch ``number`` (made by ``worker_id``, which then stood at
-        ``worker``): the one place the position moves."""
+        """Batch ``number`` is consumed (made by ``worker_id``, which then stood at ``worker``):
+        the user has it, or it was dropped whole (``on_error="skip"``). The one place the
+        position moves."""
         ahead = self.ahead
         if number == self.next_key:
             number += 1
