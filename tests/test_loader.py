@@ -556,6 +556,20 @@ def test_a_loader_pickles_and_iterates_the_same() -> None:
     differential(build, seed=2)
 
 
+@pytest.mark.timeout(60)
+def test_a_loader_with_workers_pickles_mid_epoch() -> None:
+    """What the loader keeps of its live epoch (the track, its statistics, which see the
+    workers' channel) does not travel: the copy starts afresh, as torch's does."""
+    loader = ferry.DataLoader(
+        ferry.TensorDataset(X, Y), batch_size=3, num_workers=2, multiprocessing_context="fork"
+    )
+    iterator = iter(loader)
+    next(iterator)
+    clone = pickle.loads(pickle.dumps(loader))
+    assert_same(list(clone), list(tud.DataLoader(tud.TensorDataset(X, Y), batch_size=3)))
+    del iterator
+
+
 def test_a_loader_deep_copies() -> None:
     loader = ferry.DataLoader(ferry.TensorDataset(X, Y), batch_size=4)
     list(loader)

@@ -183,7 +183,7 @@ class Resumer:
 
     def __getstate__(self) -> dict[str, Any]:
         # A pickled loader carries a loaded state, not a live epoch.
-        return {**self.__dict__, "track": None, "loaded": None}
+        return {**self.__dict__, "track": None, "stats": None, "loaded": None}
 
     def state_dict(self, loader: Any) -> dict[str, Any]:
         """``loader.state_dict()``: see :meth:`ferry.DataLoader.state_dict`."""
