@@ -483,7 +483,7 @@ def programs(draw: st.DrawFn) -> tuple[Setup, SavePoint]:
 @pytest.mark.timeout(120)
 # No shrinking: a thread-worker example runs SDL with process workers (tenths of a second), and
 # shrinking a failure would take minutes; the failing example is reported as drawn.
-@settings(HYPOTHESIS, max_examples=50, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(HYPOTHESIS, max_examples=30, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(program=programs())
 def test_property(program: tuple[Setup, SavePoint]) -> None:
     """Random programs (save point, epoch, 1-3 epochs, num_workers 0 or thread-2, dataset,

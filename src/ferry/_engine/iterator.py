@@ -1,9 +1,9 @@
 """What ``iter(loader)`` returns: the common part of every engine, and the inline engine.
 
 :class:`LoaderIterator` owns what does not depend on where batches are made: the epoch's keys
-(from the sampler), the workers' base seed, the cursor (the position, written where a batch is
-handed to the user), counting and the length check for iterable datasets, and pinning. An
-engine supplies ``_next_batch()``.
+(from the sampler), the workers' base seed, the epoch's track (the position, moved where a
+batch is handed to the user) and its statistics recorder, counting and the length check for
+iterable datasets, and pinning. An engine supplies ``_next_batch()``.
 
 Every epoch begins from a :class:`~ferry._engine.position.cursor.Cursor`: a fresh one is the zero
 cursor, a resumed one is the cursor a state was loaded from. The order of random draws

@@ -1,16 +1,24 @@
 """The worker engine: the loop that sends tasks, reads results and hands batches out.
 
-Which worker makes which batch, and the order they are handed out in (torch's: round-robin,
-``prefetch_factor`` tasks a worker, ``in_order``), is the scheduler's
-(:class:`~ferry._engine.schedule.Scheduler`); how workers of one kind start, talk and are
-replaced is their kind's (:mod:`ferry._engine.crew.kinds`).
-Tasks and typed messages travel through one :class:`~ferry._engine.crew.channels.Channel`, which
-notices a dead worker as it dies and measures ``timeout`` in the same wait. Dead, stalled or late
-workers: :mod:`ferry._engine.incidents`; ``num_workers="auto"``'s move to threads:
-:mod:`ferry._engine.tuning.switch`. Teardown is
-:meth:`ferry._engine.crew.group.WorkerGroup.shutdown` (layered, bounded), run through
-``weakref.finalize`` when the epoch ends, on a fatal error, when the iterator is collected, or
-at interpreter exit.
+It owns the loop and nothing else; what the loop asks is held as objects:
+
+* the workers, their kind, their channel and their finalizer: the iterator's
+  :class:`~ferry._engine.crew.crew.Crew` (started, replaced and stopped as a unit; a new crew
+  for auto's move to threads, or for the next epoch of workers that do not persist);
+* which worker makes which batch, and the order they are handed out in (torch's: round-robin,
+  ``prefetch_factor`` tasks a worker, ``in_order``): the
+  :class:`~ferry._engine.schedule.Scheduler`;
+* where each worker stands after the batches it made: the track's
+  :class:`~ferry._engine.position.track.InFlight`; the position moves in the track alone;
+* dead, stalled or late workers: :class:`~ferry._engine.incidents.Incidents`;
+  ``num_workers="auto"``'s held workers and move to threads:
+  :class:`~ferry._engine.tuning.switch.ThreadMove`.
+
+Tasks and typed messages travel through the crew's channel, which notices a dead worker as it
+dies and measures ``timeout`` in the same wait. Teardown is
+:meth:`ferry._engine.crew.group.WorkerGroup.shutdown` (layered, bounded), run through the
+crew's ``weakref.finalize`` when the epoch ends, on a fatal error, when the iterator is
+collected, or at interpreter exit. It may touch every room of the engine.
 """
 
 from __future__ import annotations
