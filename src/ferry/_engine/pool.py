@@ -253,10 +253,7 @@ class WorkerIterator(LoaderIterator):
         try:
             self._crew.send(task.worker_id, task_id, key)
         except WorkerGone as gone:
-            self._replace(gone.worker)
-
-    def _replace(self, dead: WorkerHandle) -> None:
-        self._incidents.replace(dead)
+            self._incidents.replace(gone.worker)
 
     # -- the main loop -------------------------------------------------------------------------
 
@@ -383,7 +380,7 @@ class WorkerIterator(LoaderIterator):
             case Ready(states=states):
                 self._crew.workers[worker_id].ready = True
                 if states is not None:
-                    self._track.flight.began(worker_id, states, self._track)
+                    self._track.worker_began(worker_id, states)
                 return
             case Stack():
                 self._incidents.stacks[worker_id] = message
@@ -470,7 +467,7 @@ class WorkerIterator(LoaderIterator):
         try:
             return self._crew.receive(wait_for, self._schedule.in_flight)
         except WorkerGone as gone:
-            self._replace(gone.worker)
+            self._incidents.replace(gone.worker)
             return None
         except DescriptorLimitReached as exc:
             # Out of descriptors in this process, a slab was lost on its way: the worker's

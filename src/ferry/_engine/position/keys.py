@@ -254,10 +254,9 @@ class KeyKind:
         a user's sampler draws it)."""
         return None
 
-    @property
-    def per_key(self) -> bool:
-        """Whether each key drawn is noted (:meth:`took`): off the common path otherwise."""
-        return False
+    # Whether each key drawn is noted (:meth:`took`): off the common path otherwise. A plain
+    # attribute, read on every batch's path.
+    per_key = False
 
     def took(self, taken: int) -> None:
         """``taken`` keys of the epoch were drawn (see :attr:`per_key`)."""
@@ -314,9 +313,7 @@ class StatefulKeys(KeyKind):
         self.every = every
         self.snapshots: dict[int, Any] = {}
 
-    @property
-    def per_key(self) -> bool:
-        return True
+    per_key = True
 
     def took(self, taken: int) -> None:
         if self.every and taken % self.every == 0:
@@ -364,9 +361,10 @@ class LazyUserKeys(KeyKind):
     def name(self) -> KeysKind:  # type: ignore[override]
         return self.opened.name if self.opened is not None else self._guess
 
-    @property
-    def per_key(self) -> bool:
-        return self.opened is not None and self.opened.per_key
+    def open(self, kind: KeyKind) -> None:
+        """The user's sampler was opened as ``kind``: the keys follow it from now on."""
+        self.opened = kind
+        self.per_key = kind.per_key
 
     def took(self, taken: int) -> None:
         if self.opened is not None:
@@ -468,7 +466,8 @@ class EpochKeys(Iterator[tuple[int, Any]]):
             lazy = LazyUserKeys(plan)
 
             def lazily() -> Iterator[Any]:
-                lazy.opened, keys = self._open_user(True, None, 0, 0, restore=restore)
+                kind, keys = self._open_user(True, None, 0, 0, restore=restore)
+                lazy.open(kind)
                 yield from keys
 
             return lazy, lazily()

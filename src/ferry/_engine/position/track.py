@@ -56,14 +56,15 @@ class InFlight:
         self.replays = replays
         self.replaced: set[int] = set()  # workers started in a dead one's place this epoch
 
-    def began(self, worker_id: int, states: Any, track: EpochTrack) -> None:
+    def began(self, worker_id: int, states: Any) -> WorkerCursor | None:
         """Worker ``worker_id`` said what its user states are as its epoch begins, before any
-        batch of it: that is its position, in flight and delivered (a worker started in a dead
-        one's place starts at the dead one's, and keeps it)."""
+        batch of it: that is its position (None: a worker started in a dead one's place starts
+        at the dead one's, and keeps it)."""
         if worker_id in self.replaced:
-            return
+            return None
         began = WorkerCursor(0, self.latest[worker_id].rng, states)
-        self.latest[worker_id] = track.workers[worker_id] = began
+        self.latest[worker_id] = began
+        return began
 
     def made(self, worker_id: int, index: int, report: WorkerReport | None) -> WorkerCursor:
         """Worker ``worker_id`` made batch ``index`` and reported ``report``: where it stands
@@ -131,6 +132,13 @@ class EpochTrack:
         worker stands where the track has it."""
         self.flight = InFlight(self.workers, replays)
         return self.flight
+
+    def worker_began(self, worker_id: int, states: Any) -> None:
+        """Worker ``worker_id`` said its user states as its epoch begins (see InFlight.began):
+        in flight and delivered, that is where it stands."""
+        began = self.flight.began(worker_id, states)
+        if began is not None:
+            self.workers[worker_id] = began
 
     def moved_to(self, plan: EpochPlan, why: str) -> None:
         """``num_workers="auto"`` moved the epoch to other workers (``plan``), for ``why``; no
