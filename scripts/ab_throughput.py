@@ -4,7 +4,10 @@ Used to check that a change costs nothing measurable on the per-batch path (for 
 resume state tracking): inline, 2 process workers, 2 thread workers, and 2 persistent process
 workers (one loader, its epochs after the first: where the persistent-workers regression hid).
 Each round runs one fresh interpreter per tree and engine, in turn, so drift of the machine hits
-both alike; the median over rounds is printed.
+both alike; the median over rounds is printed, of the batches per second and of the CPU time
+the main thread spent per batch (``time.thread_time()`` around each epoch): wall time on a
+shared machine swings by 2x from run to run, the main thread's CPU far less, so a change to
+the per-batch path shows there first.
 
     git worktree add /tmp/base <commit>
     .venv/bin/python scripts/ab_throughput.py /tmp/base/src src --rounds 5
@@ -23,7 +26,7 @@ _RUN = """
 import statistics, sys, time, torch, ferry
 workers, kind, persistent = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
 ds = ferry.TensorDataset(torch.randn(256 * 2000, 32), torch.randint(0, 10, (256 * 2000,)))
-rates = []
+rates, cpu = [], []
 loader = None
 for rep in range(4):
     if loader is None or not persistent:
@@ -32,19 +35,22 @@ for rep in range(4):
                                   persistent_workers=persistent)
     it = iter(loader)
     next(it)
-    start, count = time.perf_counter(), 0
+    start, clock, count = time.perf_counter(), time.thread_time(), 0
     for _ in it:
         count += 1
     rates.append(count / (time.perf_counter() - start))
-print(statistics.median(rates[1:]))
+    cpu.append((time.thread_time() - clock) / count * 1e6)
+print(statistics.median(rates[1:]), statistics.median(cpu[1:]))
 """
 
 
-def rate(src: str, workers: int, kind: str, persistent: bool) -> float:
+def measure(src: str, workers: int, kind: str, persistent: bool) -> tuple[float, float]:
+    """(batches per second, the main thread's CPU microseconds per batch) of one run."""
     env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
     args = [sys.executable, "-c", _RUN, str(workers), kind, str(int(persistent))]
-    out = subprocess.run(args, env=env, check=True, capture_output=True)
-    return float(out.stdout)
+    out = subprocess.run(args, env=env, check=True, capture_output=True, text=True)
+    rate, cpu = out.stdout.split()
+    return float(rate), float(cpu)
 
 
 def main() -> None:
@@ -65,17 +71,21 @@ def main() -> None:
         "persistent": (2, "process", True),
     }
     for workers, kind, persistent in (engines[name] for name in args.engines.split(",")):
-        runs: dict[str, list[float]] = {"baseline": [], "candidate": []}
+        runs: dict[str, list[tuple[float, float]]] = {"baseline": [], "candidate": []}
         for _ in range(args.rounds):
-            runs["baseline"].append(rate(args.baseline, workers, kind, persistent))
-            runs["candidate"].append(rate(args.candidate, workers, kind, persistent))
-        base, cand = (statistics.median(runs[k]) for k in ("baseline", "candidate"))
+            runs["baseline"].append(measure(args.baseline, workers, kind, persistent))
+            runs["candidate"].append(measure(args.candidate, workers, kind, persistent))
+        (base, base_cpu), (cand, cand_cpu) = (
+            (statistics.median(r for r, _ in runs[k]), statistics.median(c for _, c in runs[k]))
+            for k in ("baseline", "candidate")
+        )
         print(
             f"TensorDataset, batch 256, num_workers={workers}"
             + (f", worker_type={kind!r}" if workers else "")
             + (", persistent_workers=True" if persistent else "")
             + f": baseline {base:,.0f} b/s, "
-            f"candidate {cand:,.0f} b/s, candidate/baseline {cand / base:.3f} "
+            f"candidate {cand:,.0f} b/s, candidate/baseline {cand / base:.3f}; main-thread CPU "
+            f"per batch {base_cpu:.1f} us, {cand_cpu:.1f} us, {cand_cpu / base_cpu:.3f} "
             f"(median of {args.rounds} alternating rounds)"
         )
 
