@@ -18,6 +18,16 @@ everything; the counts stay).
     .venv/bin/python scripts/scaling_costs.py                       # 1, 2, 4, 8 workers
     .venv/bin/python scripts/scaling_costs.py --workers 8 --profile
     .venv/bin/python scripts/scaling_costs.py --workers 2 --loader ferry --strace
+    python3 scripts/scaling_costs.py --workload jpeg --gpu --workers 8 15 --epochs 3   # GPU host
+
+``--workload jpeg`` runs the scaling mode's Pillow pipeline (batch 128) instead of the image
+pool; ``--gpu`` the scaling mode's GPU feed (``pin_memory=True``, ``prefetch_factor=4``, each
+batch ``.to("cuda", non_blocking=True)`` and normalized there). Every row also reports what the
+workers spend inside ``__getitem__`` (wall and CPU, per batch, timed in the dataset), so that
+"workers CPU" splits into the dataset's work and everything else (collate, transport, engine),
+and the workers' busy share (time in ``__getitem__`` over the epoch's wall time times the worker
+count: 100% is a loader that never lets a worker wait); and the main process's CPU by thread
+(the main thread, then the others: pin thread, feeders), and the main thread's wait in ``next()``.
 
 The machine has 2 cores: with 4 and 8 workers they are oversubscribed, so read the counts
 (faults, switches, threads, CPU per batch), not the rates.
@@ -32,7 +42,9 @@ import pstats
 import resource
 import signal
 import subprocess
+import threading
 import time
+from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
 _SHAPE = (3, 224, 224)
@@ -74,6 +86,27 @@ class ImagePool:
         return self.pool[index % len(self.pool)]
 
 
+class Timed:
+    """``dataset`` with each ``__getitem__`` timed (wall and this thread's CPU), summed per
+    worker id in an array shared by inheritance (fork), so both loaders' workers report."""
+
+    def __init__(self, dataset: Any, totals: Any, info: Any) -> None:
+        self.dataset, self.totals, self.info = dataset, totals, info
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        sample = self.dataset[index]
+        info = self.info()
+        slot = 3 * (info.id if info is not None else 0)
+        self.totals[slot] += time.perf_counter() - wall
+        self.totals[slot + 1] += time.thread_time() - cpu
+        self.totals[slot + 2] += 1
+        return sample
+
+
 def _children() -> list[int]:
     pids: list[int] = []
     for tid in os.listdir("/proc/self/task"):
@@ -106,26 +139,55 @@ def _tree(pids: list[int]) -> tuple[float, int, int, int]:
     return cpu_ns / 1e9, faults, vol, invol
 
 
+def _threads() -> dict[int, float]:
+    """CPU seconds of each thread of this process, by thread id."""
+    found: dict[int, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as file:
+                found[int(tid)] = int(file.read().split()[0]) / 1e9
+        except (OSError, ValueError):
+            pass
+    return found
+
+
 def _main() -> tuple[float, int, int, int]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime, usage.ru_minflt, usage.ru_nvcsw, usage.ru_nivcsw
 
 
-def _loader(name: str, workers: int, samples: int, batch: int, pin: bool) -> Any:
-    import numpy as np
+def _dataset(workload: str, samples: int, totals: Any, name: str) -> Any:
+    if workload == "jpeg":
+        from ferry.bench.workloads import JpegCrops, _prepare_photos
+
+        dataset: Any = JpegCrops(_prepare_photos(samples, False), samples)
+    else:
+        import numpy as np
+
+        pool = np.random.default_rng(0).integers(0, 256, (64, *_SHAPE), dtype="uint8")
+        dataset = ImagePool(pool, samples)
+    if name == "torch":
+        from torch.utils.data import get_worker_info
+    else:
+        from ferry import get_worker_info
+    return Timed(dataset, totals, get_worker_info)
+
+
+def _loader(args: argparse.Namespace, name: str, workers: int, totals: Any) -> Any:
     import torch
 
-    pool = np.random.default_rng(0).integers(0, 256, (64, *_SHAPE), dtype="uint8")
     options: dict[str, Any] = {
-        "batch_size": batch,
+        "batch_size": args.batch,
         "shuffle": True,
         "num_workers": workers,
-        "pin_memory": pin,
+        "pin_memory": args.pin or args.gpu,
         "generator": torch.Generator().manual_seed(0),
     }
     if workers:
         options["persistent_workers"] = True
-    dataset: Any = ImagePool(pool, samples)
+        if args.gpu:
+            options["prefetch_factor"] = 4
+    dataset = _dataset(args.workload, args.samples, totals, name)
     if name == "torch":
         from torch.utils.data import DataLoader
 
@@ -137,6 +199,19 @@ def _loader(name: str, workers: int, samples: int, batch: int, pin: bool) -> Any
     return ferry.DataLoader(dataset, **options)
 
 
+def _gpu_step() -> Any:
+    """The scaling mode's GPU feed: copy to the device, normalize per channel there."""
+    import torch
+
+    mean = torch.tensor([0.485, 0.456, 0.406], device="cuda").view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device="cuda").view(1, 3, 1, 1) * 255
+
+    def step(batch: Any) -> Any:
+        return (batch.to("cuda", non_blocking=True).float() - mean) / std
+
+    return step
+
+
 def _stage_of(filename: str) -> str:
     base = os.path.basename(filename)
     for stage, files in _STAGES.items():
@@ -145,33 +220,86 @@ def _stage_of(filename: str) -> str:
     return "other"
 
 
+def _epoch(loader: Any, step: Any) -> tuple[int, float, float, bool]:
+    """One epoch: batches, seconds waited in ``next()``, seconds in the step, pinned or not."""
+    batches, waited, stepped, pinned, out = 0, 0.0, 0.0, True, None
+    it = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        t1 = time.perf_counter()
+        waited += t1 - t0
+        batches += 1
+        if step is not None:
+            pinned = pinned and batch.is_pinned()
+            out = step(batch)
+            stepped += time.perf_counter() - t1
+    if step is not None:
+        import torch
+
+        torch.cuda.synchronize()
+    del out
+    return batches, waited, stepped, pinned
+
+
 def measure(args: argparse.Namespace, name: str, workers: int) -> dict[str, float]:
-    loader = _loader(name, workers, args.samples, args.batch, args.pin)
-    for _ in loader:  # warm-up: workers started, slabs made
-        pass
+    totals = RawArray("d", 3 * max(workers, 1))
+    loader = _loader(args, name, workers, totals)
+    step = _gpu_step() if args.gpu else None
+    _epoch(loader, step)  # warm-up: workers started, slabs made, the device's context
     pids = _children()
     profile = cProfile.Profile(time.thread_time) if args.profile else None
-    main0, tree0 = _main(), _tree(pids)
-    batches = 0
-    start = time.perf_counter()
+    main0, tree0, threads0 = _main(), _tree(pids), _threads()
+    for i in range(len(totals)):
+        totals[i] = 0.0
+    batches, waited, stepped, pinned = 0, 0.0, 0.0, True
+    walls = []
     if profile is not None:
         profile.enable()
-    for _ in loader:
-        batches += 1
+    for _ in range(args.epochs):
+        start = time.perf_counter()
+        b, w, s, p = _epoch(loader, step)
+        walls.append(time.perf_counter() - start)
+        batches, waited, stepped, pinned = batches + b, waited + w, stepped + s, pinned and p
     if profile is not None:
         profile.disable()
-    wall = time.perf_counter() - start
-    main1, tree1 = _main(), _tree(pids)
+    wall = sum(walls)
+    main1, tree1, threads1 = _main(), _tree(pids), _threads()
+    main_tid = threading.get_native_id()
+    others = sorted(
+        (threads1[t] - threads0.get(t, 0.0) for t in threads1 if t != main_tid), reverse=True
+    )
+    in_wall = sum(totals[i] for i in range(0, len(totals), 3))
+    in_cpu = sum(totals[i] for i in range(1, len(totals), 3))
+    samples = sum(totals[i] for i in range(2, len(totals), 3))
     row = {
         "batches/s": batches / wall,
+        "samples/s": samples / wall,
+        "epoch ms": sorted(walls)[len(walls) // 2] * 1e3,
         "main CPU us": (main1[0] - main0[0]) / batches * 1e6,
+        "main thread CPU us": (threads1[main_tid] - threads0[main_tid]) / batches * 1e6,
+        "other threads CPU us": sum(others) / batches * 1e6,
+        "busiest other thread CPU us": (others[0] if others else 0.0) / batches * 1e6,
+        "next() wait us": waited / batches * 1e6,
+        "step us": stepped / batches * 1e6,
         "main faults": (main1[1] - main0[1]) / batches,
         "main vol sw": (main1[2] - main0[2]) / batches,
-        "main threads": float(len(os.listdir("/proc/self/task"))),
+        "main invol sw": (main1[3] - main0[3]) / batches,
+        "main threads": float(len(threads1)),
         "workers CPU us": (tree1[0] - tree0[0]) / batches * 1e6,
+        "in-dataset CPU us": in_cpu / batches * 1e6,
+        "in-dataset wall us": in_wall / batches * 1e6,
+        "outside-dataset workers CPU us": (tree1[0] - tree0[0] - in_cpu) / batches * 1e6,
+        "workers busy %": 100 * in_wall / (wall * max(workers, 1)),
         "workers faults": (tree1[1] - tree0[1]) / batches,
         "workers vol sw": (tree1[2] - tree0[2]) / batches,
+        "workers invol sw": (tree1[3] - tree0[3]) / batches,
     }
+    if step is not None:
+        row["pinned"] = float(pinned)
     if profile is not None:
         stages: dict[str, float] = {}
         for (filename, _, _), stat in pstats.Stats(profile).stats.items():  # type: ignore[attr-defined]
@@ -187,24 +315,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loader", nargs="+", default=["torch", "ferry"])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--workload", choices=("uint8", "jpeg"), default="uint8")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="default: 4096 (uint8), "
+        "512 a worker (jpeg: 4 batches of 128 each, as the scaling mode)",
+    )
+    parser.add_argument("--batch", type=int, default=None, help="default 64 (uint8), 128 (jpeg)")
+    parser.add_argument("--epochs", type=int, default=1, help="measured epochs per row")
+    parser.add_argument("--gpu", action="store_true", help="the scaling mode's GPU feed")
     parser.add_argument("--pin", action="store_true", help="pin_memory=True")
     parser.add_argument("--profile", action="store_true", help="the main thread's stages")
     parser.add_argument("--strace", action="store_true", help="system calls per batch")
     args = parser.parse_args()
+    if args.batch is None:
+        args.batch = 128 if args.workload == "jpeg" else 64
     if args.strace:
+        given = args.samples
         for workers in args.workers:
+            args.samples = given or _default_samples(args, workers)
             for name in args.loader:
                 strace_epoch(args, name, workers)
         return
-    print(f"uint8 3x224x224, batch {args.batch}, {args.samples} samples, persistent workers")
+    given = args.samples
     for workers in args.workers:
+        args.samples = given or _default_samples(args, workers)
+        print(
+            f"{args.workload}, batch {args.batch}, {args.samples} samples, persistent workers"
+            f"{', GPU feed' if args.gpu else ''}; {args.epochs} measured epoch(s)",
+            flush=True,
+        )
         for name in args.loader:
             row = measure(args, name, workers)
             print(
-                f"{name} x{workers}: " + ", ".join(f"{k.strip()} {v:,.1f}" for k, v in row.items())
+                f"{name} x{workers}: " + ", ".join(f"{k.strip()} {v:,.1f}" for k, v in row.items()),
+                flush=True,
             )
+
+
+def _default_samples(args: argparse.Namespace, workers: int) -> int:
+    """4,096 images from the pool; for jpeg, 4 batches a worker as the scaling mode has it."""
+    return 4096 if args.workload == "uint8" else 4 * args.batch * max(workers, 1)
 
 
 def _attach(pids: list[int], out: str) -> subprocess.Popen[bytes]:
@@ -230,7 +383,7 @@ def _calls(out: str, batches: int) -> dict[str, float]:
 
 def strace_epoch(args: argparse.Namespace, name: str, workers: int) -> None:
     """The system calls of one steady epoch (after a warm-up), main process and workers apart."""
-    loader = _loader(name, workers, args.samples, args.batch, args.pin)
+    loader = _loader(args, name, workers, RawArray("d", 3 * max(workers, 1)))
     for _ in loader:
         pass
     pids = _children()  # (before a tracer is one of them)
