@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import os
 import pstats
 import resource
@@ -88,10 +89,13 @@ class ImagePool:
 
 class Timed:
     """``dataset`` with each ``__getitem__`` timed (wall and this thread's CPU), summed per
-    worker id in an array shared by inheritance (fork), so both loaders' workers report."""
+    worker id in an array shared by inheritance (fork), so both loaders' workers report; and
+    each index's worker, start and end (``time.perf_counter``, one clock for all processes) in
+    ``marks``, the epoch's timeline."""
 
     def __init__(self, dataset: Any, totals: Any, info: Any) -> None:
         self.dataset, self.totals, self.info = dataset, totals, info
+        self.marks = RawArray("d", 3 * len(dataset))
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -100,8 +104,11 @@ class Timed:
         wall, cpu = time.perf_counter(), time.thread_time()
         sample = self.dataset[index]
         info = self.info()
-        slot = 3 * (info.id if info is not None else 0)
-        self.totals[slot] += time.perf_counter() - wall
+        worker = info.id if info is not None else 0
+        slot = 3 * worker
+        end = time.perf_counter()
+        self.marks[3 * index : 3 * index + 3] = [worker, wall, end]
+        self.totals[slot] += end - wall
         self.totals[slot + 1] += time.thread_time() - cpu
         self.totals[slot + 2] += 1
         return sample
@@ -220,6 +227,34 @@ def _stage_of(filename: str) -> str:
     return "other"
 
 
+def _timeline(marks: Any, workers: int, began: float, ended: float) -> dict[str, float]:
+    """Where the workers' idle time of one epoch lies, in ms (means over the workers): before
+    their first sample, between samples (collate, hand-off, waiting for a task or a slab), and
+    after their last one (the others still working, then the last batches' hand-off and step)."""
+    per: dict[int, list[tuple[float, float]]] = {}
+    for i in range(0, len(marks), 3):
+        per.setdefault(int(marks[i]), []).append((marks[i + 1], marks[i + 2]))
+    first, gaps, big, last = [], [], [], []
+    for spans in per.values():
+        spans.sort()
+        first.append(spans[0][0] - began)
+        between = [b[0] - a[1] for a, b in itertools.pairwise(spans)]
+        gaps.append(sum(between))
+        big.append(sum(g for g in between if g > 0.002))
+        last.append(spans[-1][1])
+    count = max(len(per), 1)
+    return {
+        "epoch": (ended - began) * 1e3,
+        "to first sample": sum(first) / count * 1e3,
+        "to first sample, max": max(first) * 1e3,
+        "between samples": sum(gaps) / count * 1e3,
+        "of which gaps > 2 ms": sum(big) / count * 1e3,
+        "after last sample": sum(ended - t for t in last) / count * 1e3,
+        "last worker done to epoch end": (ended - max(last)) * 1e3,
+        "workers seen": float(len(per)),
+    }
+
+
 def _epoch(loader: Any, step: Any) -> tuple[int, float, float, bool]:
     """One epoch: batches, seconds waited in ``next()``, seconds in the step, pinned or not."""
     batches, waited, stepped, pinned, out = 0, 0.0, 0.0, True, None
@@ -256,13 +291,15 @@ def measure(args: argparse.Namespace, name: str, workers: int) -> dict[str, floa
     for i in range(len(totals)):
         totals[i] = 0.0
     batches, waited, stepped, pinned = 0, 0.0, 0.0, True
-    walls = []
+    walls, lines = [], []
     if profile is not None:
         profile.enable()
     for _ in range(args.epochs):
         start = time.perf_counter()
         b, w, s, p = _epoch(loader, step)
         walls.append(time.perf_counter() - start)
+        idle = _timeline(loader.dataset.marks, workers, start, start + walls[-1])
+        lines.append(", ".join(f"{k} {v:,.1f}" for k, v in idle.items()))
         batches, waited, stepped, pinned = batches + b, waited + w, stepped + s, pinned and p
     if profile is not None:
         profile.disable()
@@ -300,6 +337,8 @@ def measure(args: argparse.Namespace, name: str, workers: int) -> dict[str, floa
     }
     if step is not None:
         row["pinned"] = float(pinned)
+    for number, line in enumerate(lines):
+        print(f"  {name} x{workers} epoch {number + 1} timeline (ms): {line}", flush=True)
     if profile is not None:
         stages: dict[str, float] = {}
         for (filename, _, _), stat in pstats.Stats(profile).stats.items():  # type: ignore[attr-defined]
