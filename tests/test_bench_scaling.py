@@ -69,7 +69,7 @@ def _row(**sides: float | None) -> ScalingRow:
         SideResult(label.replace("_", " "), () if rate is None else (rate,), None)
         for label, rate in sides.items()
     )
-    return ScalingRow("jpeg", 2, 128, 8, "cpu", 1000.0, (500.0, 500.0), None, results)
+    return ScalingRow("jpeg", 2, 128, 8, "cpu", 1000.0, (600.0, 400.0), None, results)
 
 
 # --- options -------------------------------------------------------------------------------
@@ -217,6 +217,10 @@ def test_each_loader_is_a_share_of_the_roof_and_ferry_a_ratio_to_torch() -> None
     assert cells["roof/s"] == "1,000"
     assert (cells["torch/s"], cells["torch %roof"]) == ("800", "80%")
     assert (cells["ferry %roof"], cells["ferry x torch"]) == ("90%", "1.12x")
+    # The roof's processes ran at 600 and 400 samples/s: a loader giving each worker half the
+    # epoch waits for the one on the slower CPU, so 2 x 400 is its most here.
+    assert row.equal_share_bound == pytest.approx(800.0)
+    assert (cells["bound/s"], cells["ferry %bound"]) == ("800", "112%")
     assert (cells["threads/s"], cells["threads %roof"], cells["threads x torch"]) == ("-",) * 3
 
 
@@ -234,12 +238,15 @@ def test_table_markdown_and_json_carry_the_rows_and_their_failures() -> None:
     assert "ferry: epoch 0: RunTimeout: slow" in table
     assert "not run: budget spent" in table
     page = scaling_markdown(rows, {"date": "today"})
-    assert "| jpeg | 2 | 1,000 | 800 | 80% | 900 | 90% | 1.12x |" in page
+    assert "| jpeg | 2 | 1,000 | 800 | 800 | 80% | 900 | 90% | 112% | 1.12x |" in page
     assert "- uint8 at 2: not run: budget spent" in page
     assert "- **date:** today" in page
     document = json.loads(json.dumps(scaling_json(rows, {"date": "today"})))
     ferry = document["scaling"][2]["sides"][1]
     assert (ferry["label"], ferry["share_of_roof"]) == ("ferry", pytest.approx(0.9))
+    assert ferry["share_of_bound"] == pytest.approx(1.125)
+    assert document["scaling"][2]["equal_share_bound"] == pytest.approx(800.0)
+    assert document["scaling"][0]["equal_share_bound"] is None  # (its roof failed)
     assert document["scaling"][1]["skipped"] == "budget spent"
 
 

@@ -182,11 +182,27 @@ class ScalingRow:
         """The side called ``label``, if the row ran it."""
         return next((s for s in self.sides if s.label == label), None)
 
+    @property
+    def equal_share_bound(self) -> float | None:
+        """N times the slowest roof process's rate (samples/s): the most a loader that gives
+        each of its N workers an equal share of the epoch (torch's round-robin; ferry's in
+        order) can make here, since its epoch ends with its slowest worker. Below the roof by
+        as much as the machine's CPUs differ in speed (on a VM, 1.4x between vCPUs was seen)."""
+        rates = self.roof_per_process
+        return len(rates) * min(rates) if rates else None
+
     def share_of_roof(self, label: str) -> float | None:
         """The side's rate over the roof."""
+        return self._share(label, self.roof)
+
+    def share_of_bound(self, label: str) -> float | None:
+        """The side's rate over :attr:`equal_share_bound`."""
+        return self._share(label, self.equal_share_bound)
+
+    def _share(self, label: str, of: float | None) -> float | None:
         side = self.side(label)
         rate = side.samples_per_s if side else None
-        return None if rate is None or not self.roof else rate / self.roof
+        return None if rate is None or not of else rate / of
 
     def over_torch(self, label: str) -> float | None:
         """The side's rate over torch's."""

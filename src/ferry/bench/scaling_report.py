@@ -21,6 +21,9 @@ samples/s: from iter(loader) to the last batch, whole epochs after a warm-up epo
 workers, shuffled), median of the measured epochs; the sides alternate epoch by epoch.
 roof: the same __getitem__ and collate on the same indices in N plain processes, no loader,
 their rates summed: the most this machine makes of the workload with N processes.
+bound: N times the slowest of those processes' rates: a loader that gives each worker an equal
+share of the epoch (torch's round-robin, ferry's in order) ends the epoch with its slowest
+worker, so where the CPUs differ in speed (vCPUs of a VM) this is its most, below the roof.
 % roof: the loader's rate over the roof. x torch: ferry's rate over torch's (thread workers
 are compared with torch's process workers: torch has no threads)."""
 
@@ -28,10 +31,12 @@ TITLES = (
     "workload",
     "workers",
     "roof/s",
+    "bound/s",
     "torch/s",
     "torch %roof",
     "ferry/s",
     "ferry %roof",
+    "ferry %bound",
     "ferry x torch",
     "threads/s",
     "threads %roof",
@@ -54,11 +59,13 @@ def _ratio(value: float | None) -> str:
 
 def scaling_cells(row: ScalingRow) -> list[str]:
     """The cells of ``row`` in the order of :data:`TITLES`."""
-    cells = [row.workload, str(row.workers), _rate(row.roof)]
+    cells = [row.workload, str(row.workers), _rate(row.roof), _rate(row.equal_share_bound)]
     for label in ("torch", "ferry", "ferry threads"):
         side = row.side(label)
         cells.append(_rate(side.samples_per_s if side else None))
         cells.append(_share(row.share_of_roof(label)))
+        if label == "ferry":
+            cells.append(_share(row.share_of_bound(label)))
         if label != "torch":
             cells.append(_ratio(row.over_torch(label)))
     return cells
@@ -124,14 +131,17 @@ def scaling_markdown(rows: Sequence[ScalingRow], meta: dict[str, Any]) -> str:
 
 
 def scaling_json(rows: Sequence[ScalingRow], meta: dict[str, Any]) -> dict[str, Any]:
-    """``{"meta": ..., "scaling": [one record per row]}``: the row's fields, each side's epochs
-    and median, its share of the roof and its ratio to torch."""
+    """``{"meta": ..., "scaling": [one record per row]}``: the row's fields and its equal-share
+    bound, each side's epochs and median, its shares of the roof and of the bound and its ratio
+    to torch."""
     records = []
     for row in rows:
         record = dataclasses.asdict(row)
+        record["equal_share_bound"] = row.equal_share_bound
         for side, entry in zip(row.sides, record["sides"], strict=True):
             entry["samples_per_s"] = side.samples_per_s
             entry["share_of_roof"] = row.share_of_roof(side.label)
+            entry["share_of_bound"] = row.share_of_bound(side.label)
             entry["over_torch"] = row.over_torch(side.label)
         records.append(record)
     return {"meta": meta, "scaling": records}
