@@ -234,9 +234,11 @@ def _timeline(marks: Any, workers: int, began: float, ended: float) -> dict[str,
     per: dict[int, list[tuple[float, float]]] = {}
     for i in range(0, len(marks), 3):
         per.setdefault(int(marks[i]), []).append((marks[i + 1], marks[i + 2]))
-    first, gaps, big, last = [], [], [], []
+    first, gaps, big, last, speeds, counts = [], [], [], [], [], []
     for spans in per.values():
         spans.sort()
+        speeds.append(len(spans) / max(sum(b - a for a, b in spans), 1e-9))
+        counts.append(len(spans))
         first.append(spans[0][0] - began)
         between = [b[0] - a[1] for a, b in itertools.pairwise(spans)]
         gaps.append(sum(between))
@@ -252,6 +254,8 @@ def _timeline(marks: Any, workers: int, began: float, ended: float) -> dict[str,
         "after last sample": sum(ended - t for t in last) / count * 1e3,
         "last worker done to epoch end": (ended - max(last)) * 1e3,
         "workers seen": float(len(per)),
+        "fastest/slowest worker (samples per busy s)": max(speeds) / min(speeds),
+        "most/fewest samples a worker": max(counts) / min(counts),
     }
 
 
