@@ -19,6 +19,8 @@ everything; the counts stay).
     .venv/bin/python scripts/scaling_costs.py --workers 8 --profile
     .venv/bin/python scripts/scaling_costs.py --workers 2 --loader ferry --strace
     python3 scripts/scaling_costs.py --workload jpeg --gpu --workers 8 15 --epochs 3   # GPU host
+    python3 scripts/scaling_costs.py --workload jpeg --gpu --workers 15 --samples 30720 \
+        --loader torch ferry ferry-balanced --epochs 2      # long epochs, balance_workers=True
 
 ``--workload jpeg`` runs the scaling mode's Pillow pipeline (batch 128) instead of the image
 pool; ``--gpu`` the scaling mode's GPU feed (``pin_memory=True``, ``prefetch_factor=4``, each
@@ -203,6 +205,8 @@ def _loader(args: argparse.Namespace, name: str, workers: int, totals: Any) -> A
 
     if name == "ferry-thread":
         options["worker_type"] = "thread"
+    if name == "ferry-balanced":
+        options["balance_workers"] = True
     return ferry.DataLoader(dataset, **options)
 
 

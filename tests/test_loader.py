@@ -56,17 +56,18 @@ def _cpus() -> int:
 def test_signature_is_torchs_plus_keyword_only_extensions() -> None:
     expected = _params(tud.DataLoader)
     got = _params(ferry.DataLoader)
-    assert got[:-6] == expected
-    # ferry's thread workers, torchdata StatefulDataLoader's option (same default), and the
-    # failure options, whose defaults keep torch's behaviour.
+    assert got[:-7] == expected
+    # ferry's thread workers, torchdata StatefulDataLoader's option (same default), the
+    # failure options and balanced workers, whose defaults keep torch's behaviour.
     keyword = inspect.Parameter.KEYWORD_ONLY
-    assert got[-6:] == [
+    assert got[-7:] == [
         ("worker_type", keyword, "process"),
         ("snapshot_every_n_steps", keyword, 1),
         ("on_error", keyword, "raise"),
         ("max_errors", keyword, None),
         ("max_worker_restarts", keyword, 0),
         ("stall_warning", keyword, 300.0),
+        ("balance_workers", keyword, False),
     ]
 
 

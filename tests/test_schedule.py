@@ -4,7 +4,7 @@ No process or thread is started: results "arrive" when the test says so."""
 
 from __future__ import annotations
 
-from ferry._engine.schedule import Scheduler, TaskId
+from ferry._engine.schedule import BALANCED_IN_FLIGHT, Scheduler, TaskId
 
 
 def _fill(scheduler: Scheduler, count: int, start: int = 0) -> list[TaskId]:
@@ -124,3 +124,99 @@ def test_replacing_every_worker_keeps_what_arrived_when_asked() -> None:
     assert s.tasks[TaskId(0)].result is None
     assert not s.tasks[TaskId(0)].arrived
     assert s.in_flight == [2, 2]
+
+
+# -- balance_workers=True ------------------------------------------------------------------------
+
+
+def test_balanced_workers_hold_at_most_two_unanswered_tasks() -> None:
+    s = Scheduler(num_workers=3, in_order=True, balance=True)
+    s.begin_epoch(0, turn=0)
+    ids = []
+    while s.can_assign():
+        ids.append(s.assign(len(ids), f"key{len(ids)}")[0])
+    # No pace is known yet: the workers take turns, up to BALANCED_IN_FLIGHT each.
+    assert [s.tasks[t].worker_id for t in ids] == [0, 1, 2, 0, 1, 2]
+    assert s.in_flight == [BALANCED_IN_FLIGHT] * 3
+    s.arrived(TaskId(4))  # worker 1 answered: it, and only it, can take one more
+    assert s.can_assign()
+    assert s.assign(6, "key6")[1].worker_id == 1
+    assert not s.can_assign()
+    # Handing out stays in order: task 0 first, though task 4 came first.
+    next_task = s.next_task()
+    assert next_task is not None and next_task.index == 0
+
+
+class Clock:
+    """A clock the test moves (``Scheduler.clock``)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_balanced_task_goes_to_the_worker_that_would_finish_it_first() -> None:
+    s = Scheduler(num_workers=2, in_order=True, balance=True)
+    s.clock = Clock()
+    s.begin_epoch(0, turn=0)
+    for worker, seconds in ((0, 9.0), (1, 9.0), (0, 0.4), (1, 0.1)):
+        s.paced(worker, seconds)  # (each worker's first batch, 9 s, is not counted)
+    assert s.pace == [0.4, 0.1]
+    a = s.assign(0, "key0")[1]
+    b = s.assign(1, "key1")[1]
+    c = s.assign(2, "key2")[1]
+    # Worker 1 would finish one task at 0.1 s, two at 0.2 s, before worker 0 finishes one.
+    assert [a.worker_id, b.worker_id] == [1, 1]
+    # Worker 1 holds two unanswered: the next goes to worker 0, the only one that may take one.
+    assert c.worker_id == 0
+    assert not s.can_assign()  # (worker 1 would still finish first: the task waits for it)
+    s.arrived(TaskId(0))
+    assert s.assign(3, "key3")[1].worker_id == 1
+
+
+def test_a_balanced_worker_nearly_done_with_its_task_gets_the_next() -> None:
+    """Equal paces, one task each: the worker whose task began earlier is free sooner."""
+    s = Scheduler(num_workers=2, in_order=True, balance=True)
+    clock = s.clock = Clock()
+    s.begin_epoch(0, turn=0)
+    s.pace = [1.0, 1.0]
+    assert s.assign(0, "key0")[1].worker_id == 0  # began at 100.0
+    clock.now = 100.9
+    assert s.assign(1, "key1")[1].worker_id == 1  # began at 100.9
+    clock.now = 100.95
+    # Worker 0 is free at 101.0, worker 1 at 101.9: the task goes to worker 0.
+    assert s.assign(2, "key2")[1].worker_id == 0
+    # Worker 0 now holds two (free at 102.0); worker 1 is free at 101.9.
+    assert s.assign(3, "key3")[1].worker_id == 1
+    assert not s.can_assign()
+    clock.now = 101.0
+    s.arrived(TaskId(0))  # worker 0 answered: its second task begins now
+    assert s.assign(4, "key4")[1].worker_id == 0  # (free at 102.0, worker 1 at 102.9)
+
+
+def test_a_balanced_worker_found_slow_is_tried_again_later() -> None:
+    """A worker passed over while it has nothing to do has its pace lowered each time, so a
+    slowness of the moment (a burst of load on its CPU) does not keep it idle for good."""
+    s = Scheduler(num_workers=2, in_order=True, balance=True)
+    s.clock = Clock()
+    s.begin_epoch(0, turn=0)
+    for worker, seconds in ((0, 1.0), (0, 1.0), (1, 1.0), (1, 0.1)):
+        s.paced(worker, seconds)
+    workers = []
+    for index in range(40):
+        task_id, task = s.assign(index, index)
+        workers.append(task.worker_id)
+        s.arrived(task_id)
+        s.take(task_id)
+    assert workers.count(1) > workers.count(0) >= 1
+    assert workers.index(0) > 10  # (ten times slower: passed over at first)
+
+
+def test_without_balance_the_pace_is_not_used() -> None:
+    s = Scheduler(num_workers=2, in_order=True)
+    s.begin_epoch(0, turn=0)
+    s.pace = [5.0, 0.1]
+    ids = _fill(s, 4)
+    assert [s.tasks[t].worker_id for t in ids] == [0, 1, 0, 1]

@@ -183,3 +183,23 @@ def as_context(context: str | BaseContext | None, num_workers: int) -> BaseConte
             "multiprocessing.get_context(name)"
         )
     return context
+
+
+def balance_problem(balance: object, num_workers: object, iterable: bool) -> Exception | None:
+    """What is wrong with ``balance_workers`` for these options (None: nothing)."""
+    if not isinstance(balance, bool):
+        return TypeError(f"balance_workers must be True or False, got {balance!r}")
+    if not balance:
+        return None
+    if num_workers == 0:
+        return ValueError(
+            "balance_workers=True needs num_workers > 0 (or 'auto'): it chooses which worker "
+            "makes each batch, and with num_workers=0 the main process makes them all"
+        )
+    if iterable:
+        return ValueError(
+            "balance_workers=True needs a map-style dataset, got an IterableDataset: each "
+            "worker reads its own copy of the stream, so which worker makes the next batch "
+            "decides which samples come next; use in_order=False to take batches as they come"
+        )
+    return None

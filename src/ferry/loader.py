@@ -27,6 +27,7 @@ from ferry._validate import (
     PIN_ON_MPS,
     as_context,
     as_int,
+    balance_problem,
     pin_device_deprecated,
     too_many_workers,
     worker_options,
@@ -63,6 +64,10 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
       budget; ``max_worker_restarts``: replace dead worker processes, same batches;
       ``stall_warning``: seconds without a batch before a report of what the workers are doing
       (see :mod:`ferry._engine.failures`).
+    * ``balance_workers=True``: the next batch goes to the least busy worker rather than to
+      the next in turn (torch's round-robin), so workers on faster CPUs make more of the epoch;
+      the order of batches is unchanged, but which worker makes a batch then depends on timing
+      (see docs/design/scaling.md). Map-style datasets, with workers.
     * ``num_workers="auto"`` / ``prefetch_factor="auto"``: chosen and tuned by the loader.
 
     It also resumes mid-epoch exactly, with the API of torchdata's ``StatefulDataLoader``:
@@ -118,10 +123,14 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         max_errors: int | float | None = None,
         max_worker_restarts: int = 0,
         stall_warning: float | None = DEFAULT_STALL_WARNING,
+        balance_workers: bool = False,
     ) -> None:
         if worker_type not in ("process", "thread"):
             raise ValueError(f"worker_type must be 'process' or 'thread', got {worker_type!r}")
         iterable = is_iterable_style(dataset)
+        problem = balance_problem(balance_workers, num_workers, iterable)
+        if problem is not None:
+            raise problem
         self._tuner = Tuner.for_options(
             num_workers, prefetch_factor, iterable=iterable, worker_type=worker_type
         )
@@ -158,6 +167,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
+        self.balance_workers = balance_workers
         if num_workers > 0:
             # What the first iter() would do once per process, done here instead of on the
             # way to the first batch: the worker engine's modules (about 13 ms), and numpy's
@@ -455,6 +465,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
             reported_length=self._IterableDataset_len_called,
             snapshot_every=self.snapshot_every_n_steps,
             threads_if_waiting=self._tuner is not None and self.worker_type == "process",
+            balance_workers=self.balance_workers,
             failures=FailurePolicy.from_options(
                 self.on_error, self.max_errors, self.max_worker_restarts, self.stall_warning
             ),

@@ -309,6 +309,7 @@ def test_install_uninstall_restore_accelerate() -> None:
         ("max_errors", None),
         ("max_worker_restarts", 0),
         ("stall_warning", 300.0),
+        ("balance_workers", False),
     ]
     with ferry.accelerate.installed():  # nested: leaves the outer install in place
         pass
@@ -347,6 +348,7 @@ def test_ferry_only_options_are_the_signature_difference() -> None:
             "max_errors",
             "max_worker_restarts",
             "stall_warning",
+            "balance_workers",
         }
     )
 

@@ -145,6 +145,19 @@ def test_replacement_also_works_with_in_order_false(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_replacement_also_works_with_balanced_workers(tmp_path: Path) -> None:
+    """With ``balance_workers=True`` which worker makes a batch depends on timing, so its
+    augmentation is not fixed; the batches (same indices) still come in the undisturbed order,
+    the dead worker's included."""
+    expected = indices_of(run(make_loader(rd.Augmented(24), shuffle=True)))
+    dataset = rd.Augmented(24, die_at=[7], marker=str(tmp_path / "died"))
+    with Recorded() as caught:
+        got = run(make_loader(dataset, shuffle=True, balance_workers=True, max_worker_restarts=1))
+    assert indices_of(got) == expected
+    assert len(caught.restarts) == 1
+
+
+@pytest.mark.timeout(60)
 def test_dataset_state_of_a_map_style_dataset_is_restored(tmp_path: Path) -> None:
     """A map-style dataset with ``state_dict``/``load_state_dict`` (a per-worker fetch count
     in each sample): the replacement continues the dead worker's count, not from zero."""

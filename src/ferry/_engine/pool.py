@@ -84,7 +84,7 @@ class WorkerIterator(LoaderIterator):
             )
         super().__init__(plan, resume, budget, run)
         # Which worker makes which batch and which is handed out next (no transport).
-        self._schedule = Scheduler(plan.num_workers, plan.in_order)
+        self._schedule = Scheduler(plan.num_workers, plan.in_order, plan.balance_workers)
         self._crew = self._new_crew()
         self._incidents = Incidents(self._crew, self._schedule, self._track, self._stats)
         self._fatal: BaseException | None = None
@@ -161,9 +161,11 @@ class WorkerIterator(LoaderIterator):
 
     def _fill(self) -> None:
         """Send tasks until ``prefetch_factor * num_workers`` are out (handed out to the user
-        is not out; made and waiting here is), as torch bounds them."""
+        is not out; made and waiting here is), as torch bounds them, or (balanced) until no
+        worker can take one more."""
         for _ in range(self._depth() - len(self._schedule.tasks)):
-            self._dispatch()
+            if not self._dispatch():
+                return
 
     def _depth(self) -> int:
         """How many tasks may be out at once: ``prefetch_factor`` a worker."""
@@ -191,7 +193,8 @@ class WorkerIterator(LoaderIterator):
         self._schedule.begin_epoch(track.next_key, track.turn)
         track.open_flight(self._crew.replays)
         for _ in range(self._depth() if tasks is None else tasks):
-            self._dispatch()
+            if not self._dispatch():
+                return
 
     def _restart(self, plan: EpochPlan) -> None:
         """Next epoch with the same (persistent) workers; stale results are dropped as they come."""
@@ -228,13 +231,14 @@ class WorkerIterator(LoaderIterator):
     def _set_crew(self, crew: Crew[Any]) -> None:
         self._crew = self._incidents.crew = crew
 
-    def _dispatch(self) -> None:
-        """Hand the next key of the epoch to a worker, if there is a key and a free worker."""
+    def _dispatch(self) -> bool:
+        """Hand the next key of the epoch to a worker, if there is a key and a free worker;
+        whether one was sent (or its worker found gone and replaced)."""
         schedule = self._schedule
         if schedule.keys_done or not schedule.can_assign() or self._crew.closed:
-            return
+            return False
         if self._auto.held.configs:  # (the next key may be a held worker's: see HeldWorkers)
-            return
+            return False
         track = self._track
         try:
             with self._stats.timing("sampler") as start:
@@ -248,12 +252,13 @@ class WorkerIterator(LoaderIterator):
             # in both processes (+25-40 ms a 50 ms epoch of 2 workers, measured).
             if not self._plan.persistent_workers:
                 self._crew.channel.no_more_tasks()
-            return
+            return False
         task_id, task = schedule.assign(index, key, sent=start)
         try:
             self._crew.send(task.worker_id, task_id, key)
         except WorkerGone as gone:
             self._incidents.replace(gone.worker)
+        return True
 
     # -- the main loop -------------------------------------------------------------------------
 
@@ -362,7 +367,10 @@ class WorkerIterator(LoaderIterator):
     def _deliver(self, task_id: TaskId) -> Delivery:
         task = self._schedule.take(task_id)
         self._auto.held.delivered = True
-        self._dispatch()
+        if self._schedule.balance:
+            self._fill()  # (the window's free place may go to a worker that was full)
+        else:
+            self._dispatch()
         error, task.error = task.error, None
         if error is None:
             return Delivery(task.result, task.index, task.worker_id, task.position, task.outcome)
@@ -413,8 +421,13 @@ class WorkerIterator(LoaderIterator):
                 else:
                     what = "while fetching " + what
                 task.error = self._incidents.worker_exception(message, what)
+                if self._schedule.balance:
+                    self._fill()
             case Done(task=task_id):
                 self._made(worker_id, TaskId(task_id), message)
+                if self._schedule.balance:
+                    self._schedule.paced(worker_id, message.timing.made_s)
+                    self._fill()  # (this worker can take another task now)
             case _:
                 assert_never(message)
 

@@ -7,9 +7,16 @@ stale); its ``index`` is the batch's number within the epoch (the key's number, 
 counts). :meth:`Scheduler.assign` picks the worker as torch does: round-robin over the workers
 whose stream has not ended (``in_order=True``), or the least busy of them (``in_order=False``);
 at most ``prefetch_factor`` tasks a worker are in flight, and the engine assigns one new task
-per batch handed out. :meth:`Scheduler.next_task` says which task is handed out next: in order,
-the lowest id not handed out yet (skipping those of ended streams); out of order, any that has
-arrived, the lowest first.
+per batch handed out. With ``balance`` (``balance_workers=True``) the next task goes to the
+worker that would finish it first: when its current task began, plus its pace (the time its
+recent batches took, in the worker) for each task it would then hold; and it is sent only if
+that worker holds fewer than :data:`BALANCED_IN_FLIGHT` unanswered, else it waits for a worker
+to answer. So a worker
+on a faster CPU makes more of the epoch's batches instead of waiting for its turn, and a slow
+one is given a batch only when it would still finish it first.
+:meth:`Scheduler.next_task` says which task is handed out next: in order, the lowest id not
+handed out yet (skipping those of ended streams); out of order, any that has arrived, the
+lowest first.
 
 The engine (``pool.py``) asks the keys, sends the tasks, reads the results and records them on
 the :class:`Task`; a restart asks :meth:`Scheduler.unfinished` which tasks to send again.
@@ -17,15 +24,26 @@ the :class:`Task`; a restart asks :meth:`Scheduler.unfinished` which tasks to se
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, NewType
 
 from ferry._engine.position.cursor import WorkerCursor
 from ferry._engine.work.fetch import Outcome
 
-__all__ = ["Scheduler", "Task", "TaskId"]
+__all__ = ["BALANCED_IN_FLIGHT", "Scheduler", "Task", "TaskId"]
 
 TaskId = NewType("TaskId", int)
+
+# Balanced assignment: the most tasks a worker holds unanswered. Two, so that its next task is
+# there when it finishes one (no round trip to the main process between batches), and no more,
+# so that the rest of the window goes to whichever worker answers first.
+BALANCED_IN_FLIGHT = 2
+# A worker's pace: how much its latest batch's making time moves it (a moving average); and
+# what is left of the pace of a worker with nothing to do each time a task goes to another,
+# so that one found slow once (a burst of load on its CPU) is tried again before long.
+_PACE_WEIGHT = 0.3
+_IDLE_DECAY = 0.9
 
 
 @dataclass
@@ -52,9 +70,10 @@ class Scheduler:
     """Tasks, the worker each is assigned to, and the order they are handed out in (see the
     module docstring)."""
 
-    def __init__(self, num_workers: int, in_order: bool) -> None:
+    def __init__(self, num_workers: int, in_order: bool, balance: bool = False) -> None:
         self.num_workers = num_workers
         self.in_order = in_order
+        self.balance = balance
         self.tasks: dict[TaskId, Task] = {}
         self.next_id = TaskId(0)  # the id the next task gets
         self.first = TaskId(0)  # the epoch's first id: lower ids are an abandoned epoch's
@@ -62,6 +81,12 @@ class Scheduler:
         self._base = 0  # the id of the epoch's batch index 0
         self.in_flight = [0] * num_workers
         self.active = [True] * num_workers  # False: the worker's stream ended
+        # Balanced: seconds a batch takes each worker (0 until one is measured; kept across
+        # epochs, as persistent workers keep their CPUs).
+        self.pace = [0.0] * num_workers
+        self._batches_made = [0] * num_workers
+        self._began = [0.0] * num_workers  # when the task each is making began (balanced)
+        self.clock = time.perf_counter
         self._turn = 0
         self.keys_done = False  # the epoch's keys ran out: no task is left to assign
 
@@ -90,7 +115,10 @@ class Scheduler:
     # -- assigning ---------------------------------------------------------------------------------
 
     def can_assign(self) -> bool:
-        """Some worker's stream has not ended."""
+        """Some worker's stream has not ended (balanced: and it holds fewer than
+        :data:`BALANCED_IN_FLIGHT` unanswered tasks)."""
+        if self.balance:
+            return self._fastest() is not None
         return any(self.active)
 
     def assign(self, index: int, key: Any, sent: float = 0.0) -> tuple[TaskId, Task]:
@@ -100,6 +128,8 @@ class Scheduler:
         self.next_id = TaskId(task_id + 1)
         task = Task(worker_id, key, index, sent=sent)
         self.tasks[task_id] = task
+        if self.balance and not self.in_flight[worker_id]:
+            self._began[worker_id] = self.clock()
         self.in_flight[worker_id] += 1
         return task_id, task
 
@@ -108,8 +138,43 @@ class Scheduler:
         self._turn = (candidate + 1) % self.num_workers
         return candidate
 
+    def _fastest(self) -> int | None:
+        """Balanced: the worker that would finish one more task first (ties, as between
+        workers whose pace is not known yet: the one holding fewer tasks, then the next in
+        turn), if it may take one now (see the module docstring)."""
+        best, best_rank = None, (0.0, 0)
+        now = self.clock()
+        for step in range(self.num_workers):
+            worker = (self._turn + step) % self.num_workers
+            if self.active[worker]:
+                held, pace = self.in_flight[worker], self.pace[worker]
+                free = max(now, self._began[worker] + held * pace) if held else now
+                rank = (free + pace, held)
+                if best is None or rank < best_rank:
+                    best, best_rank = worker, rank
+        if best is None or self.in_flight[best] >= BALANCED_IN_FLIGHT:
+            return None
+        return best
+
+    def paced(self, worker_id: int, seconds: float) -> None:
+        """Worker ``worker_id`` took ``seconds`` to make its latest batch (a worker's first
+        batch is not counted: it pays for warming up, imports and caches)."""
+        self._batches_made[worker_id] += 1
+        if self._batches_made[worker_id] == 1:
+            return
+        old = self.pace[worker_id]
+        self.pace[worker_id] = seconds if old == 0.0 else old + _PACE_WEIGHT * (seconds - old)
+
     def _pick_worker(self) -> int:
-        if self.in_order:
+        if self.balance:
+            worker = self._fastest()
+            if worker is not None:
+                self._turn = (worker + 1) % self.num_workers
+                for other in range(self.num_workers):
+                    if other != worker and not self.in_flight[other]:
+                        self.pace[other] *= _IDLE_DECAY
+                return worker
+        if self.in_order and not self.balance:
             for _ in range(self.num_workers):
                 candidate = self._next_turn()
                 if self.active[candidate]:
@@ -128,6 +193,8 @@ class Scheduler:
         """The worker answered ``task_id`` (a batch or an error, recorded by the caller)."""
         task = self.tasks[task_id]
         self.in_flight[task.worker_id] -= 1
+        if self.balance and self.in_flight[task.worker_id]:
+            self._began[task.worker_id] = self.clock()  # (its next task begins now)
         task.arrived = True
         return task
 
