@@ -360,12 +360,13 @@ def test_options_keep_ferry_options_and_drop_worker_options_without_workers() ->
     assert options["worker_type"] == "thread"
     assert options["prefetch_factor"] == 3
     assert options["collate_fn"] is ferry.default_collate
-    inline = with_changes(options, {"num_workers": 0})
+    inline = with_changes({**options, "balance_workers": True}, {"num_workers": 0})
     assert (inline["prefetch_factor"], inline["persistent_workers"], inline["timeout"]) == (
         None,
         False,
         0,
     )
+    assert inline["balance_workers"] is False
     assert build_loader(inline).num_workers == 0
 
 
@@ -548,6 +549,45 @@ def test_deeper_prefetch_when_idle_workers_still_keep_the_loop_waiting() -> None
     assert "idle 50% of the time, yet the loop waited for 40 of 100 batches" in advice.reason
     busy = _stats(engine="process", num_workers=2, workers=_workers(2, 0.95), waited=40)
     assert rules.deeper_prefetch(_findings(busy)) is None
+
+
+def _uneven(*busy_per_batch: float, batches: int = 25) -> tuple[WorkerStats, ...]:
+    return tuple(
+        WorkerStats(i, batches, busy * batches, 0.9) for i, busy in enumerate(busy_per_batch)
+    )
+
+
+def test_balanced_workers_when_the_workers_run_at_different_speeds() -> None:
+    """Taking turns, the worker on the slow CPU holds the epoch back: balance them."""
+    workers = _uneven(0.010, 0.015, 0.011, 0.010)
+    stats = _stats(engine="process", num_workers=4, workers=workers)
+    advice = rules.balanced_workers(_findings(stats))
+    assert advice is not None
+    assert (advice.option, advice.current, advice.suggested) == ("balance_workers", "False", "True")
+    assert advice.changes == {"balance_workers": True}
+    assert "worker 1 took 15 ms a batch and worker 0 10 ms (1.50x)" in advice.reason
+    assert "which worker makes a batch" in advice.reason
+    assert "balance_workers" in _advised(_findings(stats))
+
+
+def test_no_balanced_workers_advice_without_the_gap_or_the_need() -> None:
+    even = _stats(engine="process", num_workers=2, workers=_uneven(0.010, 0.0115))
+    assert rules.balanced_workers(_findings(even)) is None  # (1.15x: within the noise)
+    uneven = _stats(engine="process", num_workers=2, workers=_uneven(0.010, 0.020))
+    assert rules.balanced_workers(_findings(uneven)) is not None
+    done = _findings(uneven, options={"balance_workers": True})
+    assert rules.balanced_workers(done) is None  # (already balanced)
+
+    class Stream(ferry.IterableDataset[int]):
+        def __iter__(self) -> Any:
+            return iter(range(10))
+
+    stream = _findings(uneven, options={"dataset": Stream()})
+    assert rules.balanced_workers(stream) is None  # (a stream's order depends on the worker)
+    keeping_up = _stats(engine="process", num_workers=2, workers=_uneven(0.01, 0.02), wait_s=0.0)
+    assert rules.balanced_workers(_findings(keeping_up)) is None  # (not the bottleneck)
+    few = _stats(engine="process", num_workers=2, workers=_uneven(0.01, 0.02, batches=3))
+    assert rules.balanced_workers(_findings(few)) is None  # (too few batches to tell)
 
 
 def test_getitems_for_a_dataset_fetched_sample_by_sample() -> None:

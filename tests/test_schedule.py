@@ -144,7 +144,8 @@ def test_balanced_workers_hold_at_most_two_unanswered_tasks() -> None:
     assert not s.can_assign()
     # Handing out stays in order: task 0 first, though task 4 came first.
     next_task = s.next_task()
-    assert next_task is not None and next_task.index == 0
+    assert next_task is not None
+    assert next_task.index == 0
 
 
 class Clock:

@@ -47,6 +47,12 @@ GIL_FREE = 1.5
 READS_WAIT = 4.0
 # Two worker threads less than this much faster than one: __getitem__ holds the GIL.
 GIL_BOUND = 1.2
+# Workers taking turns whose batches take this much longer on the slowest than on the fastest
+# (each made at least UNEVEN_BATCHES): the epoch waits for the slowest. On a 16-vCPU H200 host
+# plain processes doing the same work ran 1.3-1.4x apart, and balance_workers=True made 1.19x
+# torch's samples/s on a 240-batch JPEG epoch (docs/design/scaling.md).
+UNEVEN_WORKERS = 1.2
+UNEVEN_BATCHES = 4
 # Process workers' own costs (moving batches out, starting each epoch) this share of the
 # loader's work or of an epoch: what thread workers would save.
 PROCESS_COSTS = 0.10
@@ -340,6 +346,35 @@ def process_workers(f: Findings) -> Advice | None:
     return Advice("worker_type", "'thread'", "'process'", reason, {"worker_type": "process"})
 
 
+def balanced_workers(f: Findings) -> Advice | None:
+    """Workers taking turns (torch's round-robin) at different speeds, with the loader the
+    bottleneck: the fast ones wait for their turn behind the slowest. Balanced, the next batch
+    goes to the worker that would finish it first."""
+    options = f.options
+    if options.get("balance_workers") or is_iterable_style(options["dataset"]):
+        return None
+    if f.workers < 2 or not f.loader_bound:
+        return None
+    paces = [
+        (w.busy_s / w.batches, w.worker_id)
+        for w in f.stats.workers
+        if w.batches >= UNEVEN_BATCHES and w.busy_s > 0
+    ]
+    if len(paces) < 2:
+        return None
+    (fast, fastest), (slow, slowest) = min(paces), max(paces)
+    if slow < UNEVEN_WORKERS * fast:
+        return None
+    reason = (
+        f"worker {slowest} took {_ms(slow)} a batch and worker {fastest} {_ms(fast)} "
+        f"({slow / fast:.2f}x): taking turns, the fast workers wait for the slow ones (CPUs of "
+        "unequal speed, as a VM's vCPUs); balanced, the next batch goes to the worker that "
+        "would finish it first. Batches still come in order, but which worker makes a batch, "
+        "and so what its worker-seeded random draws give, then depends on timing"
+    )
+    return Advice("balance_workers", "False", "True", reason, {"balance_workers": True})
+
+
 def deeper_prefetch(f: Findings) -> Advice | None:
     """Workers idle part of the time while the loop still waits for many batches: batch times
     are uneven, and the queue of ``prefetch_factor`` batches per worker runs dry behind a slow
@@ -432,6 +467,7 @@ RULES: tuple[Callable[[Findings], Advice | None], ...] = (
     more_workers,
     thread_workers,
     process_workers,
+    balanced_workers,
     deeper_prefetch,
     batch_getitems,
     keep_workers,

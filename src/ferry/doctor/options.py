@@ -35,6 +35,7 @@ _DESCRIBED = (
     "prefetch_factor",
     "persistent_workers",
     "pin_memory",
+    "balance_workers",
 )
 
 
@@ -89,7 +90,11 @@ def with_changes(options: Mapping[str, Any], changes: Mapping[str, Any]) -> dict
     changed = {**options, **changes}
     if not changed.get("num_workers"):
         changed.update(
-            prefetch_factor=None, persistent_workers=False, multiprocessing_context=None, timeout=0
+            prefetch_factor=None,
+            persistent_workers=False,
+            multiprocessing_context=None,
+            timeout=0,
+            balance_workers=False,
         )
     return changed
 
