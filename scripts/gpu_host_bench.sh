@@ -22,7 +22,12 @@
 #
 # Environment: PYTHON (default python3), WORKERS (default 8,15,4,2,1), REPS (measured epochs
 # per loader, default 3), BUDGET, EPOCH_TIMEOUT, LIMIT, FEED (auto, gpu or cpu; default auto),
-# QUICK=1 (tiny batches: a smoke test of the script itself, figures meaningless).
+# QUICK=1 (tiny batches: a smoke test of the script itself, figures meaningless), BALANCED=1
+# (also ferry's process workers with balance_workers=True), BPW (batches a worker makes in an
+# epoch; default the workload's 4-6), ONLY (jpeg or uint8), NO_THREADS=1. The long-epoch run of
+# balanced workers, about 3 minutes:
+#
+#   WORKERS=15,8 ONLY=jpeg BPW=16 BALANCED=1 NO_THREADS=1 REPS=2 scripts/gpu_host_bench.sh OUT
 set -u
 
 out="${1:-${OUT:-gpu-bench-$(date -u +%Y%m%dT%H%M%SZ)}}"
@@ -33,6 +38,11 @@ budget="${BUDGET:-240}"
 epoch_timeout="${EPOCH_TIMEOUT:-60}"
 limit="${LIMIT:-330}"
 feed="${FEED:-auto}"
+extra=()
+[ -n "${BALANCED:-}" ] && extra+=(--balanced)
+[ -n "${NO_THREADS:-}" ] && extra+=(--no-threads)
+[ -n "${BPW:-}" ] && extra+=(--batches-per-worker "$BPW")
+[ -n "${ONLY:-}" ] && extra+=(--only "$ONLY")
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$out" || exit 2
@@ -43,7 +53,7 @@ out="$(cd "$out" && pwd)"
   echo "host: $(uname -a)"
   echo "cpus: $(nproc 2>/dev/null || echo unknown)"
   echo "commit: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "run: WORKERS=$workers REPS=$reps BUDGET=$budget EPOCH_TIMEOUT=$epoch_timeout LIMIT=$limit FEED=$feed"
+  echo "run: WORKERS=$workers REPS=$reps BUDGET=$budget EPOCH_TIMEOUT=$epoch_timeout LIMIT=$limit FEED=$feed ${extra[*]}"
   command -v nvidia-smi >/dev/null 2>&1 &&
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$python" - <<'EOF'
@@ -68,7 +78,7 @@ cat "$out/host.txt"
 cd "$repo" || exit 2
 PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}" timeout -k 15 "$limit" \
   "$python" -m ferry bench --scaling --feed "$feed" --workers-list "$workers" --reps "$reps" \
-  --budget "$budget" --timeout "$epoch_timeout" ${QUICK:+--quick} \
+  --budget "$budget" --timeout "$epoch_timeout" ${QUICK:+--quick} "${extra[@]}" \
   --json "$out/scaling.json" --markdown "$out/scaling.md" \
   >"$out/table.txt" 2> >(tee "$out/progress.log" >&2)
 status=$?

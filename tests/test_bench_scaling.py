@@ -89,6 +89,7 @@ def test_an_epoch_gives_every_worker_the_same_number_of_batches() -> None:
     assert [epoch_batches(uint8, n) for n in (1, 2, 5, 15)] == [12, 12, 30, 90]
     for n in range(1, 17):
         assert epoch_batches(uint8, n) % n == 0
+    assert [epoch_batches(jpeg, n, per_worker=16) for n in (1, 15)] == [16, 240]
 
 
 def test_scaling_options(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,7 +101,12 @@ def test_scaling_options(monkeypatch: pytest.MonkeyPatch) -> None:
         workloads=("jpeg",), workers=(8, 15, 1), reps=2, feed="cpu", threads=False,
         timeout_s=60.0, budget_s=300.0,
     )  # fmt: skip
+    longer = scaling_cli.scaling_config(
+        _args("--scaling", "--balanced", "--batches-per-worker", "16")
+    )
+    assert (longer.balanced, longer.batches_per_worker) == (True, 16)
     defaults = scaling_cli.scaling_config(_args("--scaling"), cpus=16)
+    assert (defaults.balanced, defaults.batches_per_worker) == (False, None)
     assert (defaults.workloads, defaults.workers) == (("jpeg", "uint8"), (1, 2, 4, 8, 16))
     assert (defaults.reps, defaults.feed, defaults.threads) == (3, "cpu", True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -118,6 +124,9 @@ def test_scaling_options(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--scaling", "--feed", "gpu"], "--feed gpu needs CUDA"),
         (["--markdown", "out.md"], "--markdown go(es) with --scaling"),
         (["--workers-list", "2"], "--workers-list go(es) with --scaling"),
+        (["--balanced"], "--balanced go(es) with --scaling"),
+        (["--batches-per-worker", "8"], "--batches-per-worker go(es) with --scaling"),
+        (["--scaling", "--batches-per-worker", "0"], "expected a positive integer, got '0'"),
         (["--only", "uint8"], "workload 'uint8' runs with --scaling only"),
     ],
 )
@@ -285,7 +294,23 @@ def test_a_tiny_scaling_run_measures_every_side_and_writes_as_it_goes(
         assert [s["label"] for s in record["sides"]] == ["torch", "ferry", "ferry threads"]
         assert all(s["error"] is None and len(s["epochs"]) == 1 for s in record["sides"])
     assert "| uint8 | 1 |" in page.read_text()
+    assert "balanced" not in captured.out.splitlines()[0]  # (its columns only when it ran)
     assert json.loads(out.read_text())["meta"]["feed"] == "cpu"
+
+
+@pytest.mark.timeout(120)
+def test_the_balanced_side_runs_with_longer_epochs_beside_torchs() -> None:
+    config = ScalingConfig(
+        workloads=("uint8",), workers=(2,), reps=1, quick=True, threads=False, balanced=True,
+        batches_per_worker=8,
+    )  # fmt: skip
+    [row] = run_scaling(config, lambda line: None)
+    assert row.batches == 16
+    assert [side.label for side in row.sides] == ["torch", "ferry", "ferry balanced"]
+    # (no error: its first batch is torch's, as every side's must be)
+    assert [side.error for side in row.sides] == [None, None, None]
+    header = format_scaling([row]).splitlines()[0]
+    assert header.endswith("balanced/s  balanced %roof  balanced x torch")
 
 
 @pytest.mark.slow

@@ -145,6 +145,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add("--no-threads", action="store_true", help="--scaling: leave out ferry's thread workers")
     add(
+        "--balanced",
+        action="store_true",
+        help="--scaling: also ferry's process workers with balance_workers=True",
+    )
+    add(
+        "--batches-per-worker",
+        type=positive_int,
+        metavar="N",
+        help="--scaling: batches each worker makes in an epoch (default: the workload's, 4-6; "
+        "long epochs show what balancing gives)",
+    )
+    add(
         "--budget",
         type=seconds,
         metavar="SECONDS",
@@ -195,6 +207,8 @@ def _scaling_only_options(args: argparse.Namespace) -> str | None:
             ("--workers-list", args.workers_list),
             ("--feed", None if args.feed == "auto" else args.feed),
             ("--no-threads", args.no_threads or None),
+            ("--balanced", args.balanced or None),
+            ("--batches-per-worker", args.batches_per_worker),
             ("--budget", args.budget),
             ("--markdown", args.markdown),
         )

@@ -57,6 +57,7 @@ SIDES: tuple[tuple[str, str, tuple[tuple[str, Any], ...]], ...] = (
     ("torch", "torch", ()),
     ("ferry", "ferry", ()),
     ("ferry threads", "ferry", (("worker_type", "thread"),)),
+    ("ferry balanced", "ferry", (("balance_workers", True),)),
 )
 
 
@@ -112,6 +113,9 @@ class ScalingConfig:
         feed: ``"cpu"`` or ``"gpu"`` (see the module docstring).
         quick: tiny batches, for tests and smoke runs.
         threads: also run ferry's thread workers.
+        balanced: also run ferry's process workers with ``balance_workers=True``.
+        batches_per_worker: batches a worker makes in an epoch (None: the workload's own, a
+            few; more shows what balancing gives a long epoch).
         timeout_s: an epoch (or the roof) taking longer fails its side (0: no limit).
         budget_s: no row starts, and no round, once this many seconds have passed (None: no
             budget); rows left out are reported as not run.
@@ -124,6 +128,8 @@ class ScalingConfig:
     feed: str = "cpu"
     quick: bool = False
     threads: bool = True
+    balanced: bool = False
+    batches_per_worker: int | None = None
     timeout_s: float = 300.0
     budget_s: float | None = None
     seed: int = 0
@@ -142,8 +148,11 @@ def default_worker_counts(cpus: int) -> tuple[int, ...]:
     return (*counts, max(cpus, 1))
 
 
-def epoch_batches(workload: ScalingWorkload, workers: int) -> int:
-    """Batches in one epoch of ``workload`` at ``workers``: a whole number per worker."""
+def epoch_batches(workload: ScalingWorkload, workers: int, per_worker: int | None = None) -> int:
+    """Batches in one epoch of ``workload`` at ``workers``: a whole number per worker
+    (``per_worker``, or the workload's own, at least its ``min_batches`` in all)."""
+    if per_worker is not None:
+        return per_worker * workers
     per_worker = workload.batches_per_worker
     return max(per_worker * workers, -(-workload.min_batches // workers) * workers)
 
@@ -271,7 +280,8 @@ class _Clock:
 def _run_row(
     workload: ScalingWorkload, workers: int, config: ScalingConfig, data: Any, clock: _Clock
 ) -> ScalingRow:
-    batch_size, batches = config.batch_size_of(workload), epoch_batches(workload, workers)
+    batch_size = config.batch_size_of(workload)
+    batches = epoch_batches(workload, workers, config.batches_per_worker)
     samples = batch_size * batches
     dataset = workload.build(data, samples)
     order = torch.randperm(samples, generator=torch.Generator().manual_seed(config.seed))
@@ -289,10 +299,11 @@ def _run_row(
     gpu = config.feed == "gpu"
     step = _gpu_step() if gpu else None
     options: dict[str, Any] = {"pin_memory": True, "prefetch_factor": 4} if gpu else {}
+    left_out = {"ferry threads": not config.threads, "ferry balanced": not config.balanced}
     sides = [
         _Side(label, load_api(api), dict(extra))
         for label, api, extra in SIDES
-        if config.threads or label != "ferry threads"
+        if not left_out.get(label, False)
     ]
     for side in sides:
         try:
@@ -370,7 +381,8 @@ def run_scaling(
     for workers in config.workers:
         for name in config.workloads:
             workload = SCALING_WORKLOADS[name]
-            batch_size, batches = config.batch_size_of(workload), epoch_batches(workload, workers)
+            batch_size = config.batch_size_of(workload)
+            batches = epoch_batches(workload, workers, config.batches_per_worker)
             if clock.spent():
                 row = ScalingRow(
                     name, workers, batch_size, batches, config.feed, None, skipped="budget spent"

@@ -76,6 +76,8 @@ def scaling_config(args: argparse.Namespace, cpus: int | None = None) -> Scaling
         feed=feed,
         quick=args.quick,
         threads=not args.no_threads,
+        balanced=args.balanced,
+        batches_per_worker=args.batches_per_worker,
         timeout_s=args.timeout,
         budget_s=args.budget,
     )

@@ -25,7 +25,9 @@ bound: N times the slowest of those processes' rates: a loader that gives each w
 share of the epoch (torch's round-robin, ferry's in order) ends the epoch with its slowest
 worker, so where the CPUs differ in speed (vCPUs of a VM) this is its most, below the roof.
 % roof: the loader's rate over the roof. x torch: ferry's rate over torch's (thread workers
-are compared with torch's process workers: torch has no threads)."""
+are compared with torch's process workers: torch has no threads). balanced (--balanced): ferry's
+process workers with balance_workers=True, the next batch to the worker that would finish it
+first; it can beat the bound, not on a short epoch (--batches-per-worker makes it longer)."""
 
 TITLES = (
     "workload",
@@ -41,6 +43,9 @@ TITLES = (
     "threads/s",
     "threads %roof",
     "threads x torch",
+    "balanced/s",
+    "balanced %roof",
+    "balanced x torch",
 )
 _ALIGN = ("<", "<") + (">",) * (len(TITLES) - 2)
 
@@ -60,7 +65,7 @@ def _ratio(value: float | None) -> str:
 def scaling_cells(row: ScalingRow) -> list[str]:
     """The cells of ``row`` in the order of :data:`TITLES`."""
     cells = [row.workload, str(row.workers), _rate(row.roof), _rate(row.equal_share_bound)]
-    for label in ("torch", "ferry", "ferry threads"):
+    for label in ("torch", "ferry", "ferry threads", "ferry balanced"):
         side = row.side(label)
         cells.append(_rate(side.samples_per_s if side else None))
         cells.append(_share(row.share_of_roof(label)))
@@ -88,13 +93,21 @@ def _sorted(rows: Sequence[ScalingRow]) -> list[ScalingRow]:
     return sorted(rows, key=lambda row: (order.get(row.workload, len(order)), row.workers))
 
 
+def _columns(rows: Sequence[ScalingRow]) -> int:
+    """How many of :data:`TITLES` to show: the balanced side's only if a row ran it."""
+    balanced = any(row.side("ferry balanced") for row in rows)
+    return len(TITLES) if balanced else len(TITLES) - 3
+
+
 def format_scaling(rows: Sequence[ScalingRow], legend: bool = True) -> str:
     """The rows as a fixed-width text table, by workload then worker count; a row's failures
     follow it, one a line."""
     ordered = _sorted(rows)
-    cells = [scaling_cells(row) for row in ordered]
-    render = column_renderer(tuple(zip(TITLES, _ALIGN, strict=True)), cells)
-    lines = [render(TITLES)]
+    shown = _columns(rows)
+    titles = TITLES[:shown]
+    cells = [scaling_cells(row)[:shown] for row in ordered]
+    render = column_renderer(tuple(zip(titles, _ALIGN[:shown], strict=True)), cells)
+    lines = [render(titles)]
     lines.append("-" * len(lines[0]))
     for row, line in zip(ordered, cells, strict=True):
         lines.append(render(line))
@@ -112,12 +125,12 @@ def scaling_markdown(rows: Sequence[ScalingRow], meta: dict[str, Any]) -> str:
         "",
         *(f"- **{key}:** {value}" for key, value in meta.items() if not isinstance(value, dict)),
         "",
-        "| " + " | ".join(TITLES) + " |",
-        "| " + " | ".join("---" if a == "<" else "---:" for a in _ALIGN) + " |",
+        "| " + " | ".join(TITLES[: _columns(rows)]) + " |",
+        "| " + " | ".join("---" if a == "<" else "---:" for a in _ALIGN[: _columns(rows)]) + " |",
     ]
     notes: list[str] = []
     for row in _sorted(rows):
-        out.append("| " + " | ".join(scaling_cells(row)) + " |")
+        out.append("| " + " | ".join(scaling_cells(row)[: _columns(rows)]) + " |")
         notes.extend(f"- {row.workload} at {row.workers}: {note}" for note in _notes(row))
     if notes:
         out.extend(["", *notes])
