@@ -160,11 +160,12 @@ class Clock:
 
 def test_balanced_task_goes_to_the_worker_that_would_finish_it_first() -> None:
     s = Scheduler(num_workers=2, in_order=True, balance=True)
-    s.clock = Clock()
+    assert s.pace is not None
+    s.pace.clock = Clock()
     s.begin_epoch(0, turn=0)
     for worker, seconds in ((0, 9.0), (1, 9.0), (0, 0.4), (1, 0.1)):
         s.paced(worker, seconds)  # (each worker's first batch, 9 s, is not counted)
-    assert s.pace == [0.4, 0.1]
+    assert s.pace.seconds == [0.4, 0.1]
     a = s.assign(0, "key0")[1]
     b = s.assign(1, "key1")[1]
     c = s.assign(2, "key2")[1]
@@ -180,9 +181,10 @@ def test_balanced_task_goes_to_the_worker_that_would_finish_it_first() -> None:
 def test_a_balanced_worker_nearly_done_with_its_task_gets_the_next() -> None:
     """Equal paces, one task each: the worker whose task began earlier is free sooner."""
     s = Scheduler(num_workers=2, in_order=True, balance=True)
-    clock = s.clock = Clock()
+    assert s.pace is not None
+    clock = s.pace.clock = Clock()
     s.begin_epoch(0, turn=0)
-    s.pace = [1.0, 1.0]
+    s.pace.seconds = [1.0, 1.0]
     assert s.assign(0, "key0")[1].worker_id == 0  # began at 100.0
     clock.now = 100.9
     assert s.assign(1, "key1")[1].worker_id == 1  # began at 100.9
@@ -201,7 +203,8 @@ def test_a_balanced_worker_found_slow_is_tried_again_later() -> None:
     """A worker passed over while it has nothing to do has its pace lowered each time, so a
     slowness of the moment (a burst of load on its CPU) does not keep it idle for good."""
     s = Scheduler(num_workers=2, in_order=True, balance=True)
-    s.clock = Clock()
+    assert s.pace is not None
+    s.pace.clock = Clock()
     s.begin_epoch(0, turn=0)
     for worker, seconds in ((0, 1.0), (0, 1.0), (1, 1.0), (1, 0.1)):
         s.paced(worker, seconds)
@@ -215,9 +218,10 @@ def test_a_balanced_worker_found_slow_is_tried_again_later() -> None:
     assert workers.index(0) > 10  # (ten times slower: passed over at first)
 
 
-def test_without_balance_the_pace_is_not_used() -> None:
+def test_without_balance_the_pace_is_not_kept() -> None:
     s = Scheduler(num_workers=2, in_order=True)
     s.begin_epoch(0, turn=0)
-    s.pace = [5.0, 0.1]
+    assert (s.pace, s.balance) == (None, False)
+    s.paced(1, 0.1)  # (nothing to record it in)
     ids = _fill(s, 4)
     assert [s.tasks[t].worker_id for t in ids] == [0, 1, 0, 1]

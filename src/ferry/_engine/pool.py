@@ -367,7 +367,7 @@ class WorkerIterator(LoaderIterator):
     def _deliver(self, task_id: TaskId) -> Delivery:
         task = self._schedule.take(task_id)
         self._auto.held.delivered = True
-        if self._schedule.balance:
+        if self._schedule.pace is not None:
             self._fill()  # (the window's free place may go to a worker that was full)
         else:
             self._dispatch()
@@ -421,11 +421,11 @@ class WorkerIterator(LoaderIterator):
                 else:
                     what = "while fetching " + what
                 task.error = self._incidents.worker_exception(message, what)
-                if self._schedule.balance:
+                if self._schedule.pace is not None:
                     self._fill()
             case Done(task=task_id):
                 self._made(worker_id, TaskId(task_id), message)
-                if self._schedule.balance:
+                if self._schedule.pace is not None:
                     self._schedule.paced(worker_id, message.timing.made_s)
                     self._fill()  # (this worker can take another task now)
             case _:

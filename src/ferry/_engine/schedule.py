@@ -31,7 +31,7 @@ from typing import Any, NewType
 from ferry._engine.position.cursor import WorkerCursor
 from ferry._engine.work.fetch import Outcome
 
-__all__ = ["BALANCED_IN_FLIGHT", "Scheduler", "Task", "TaskId"]
+__all__ = ["BALANCED_IN_FLIGHT", "Scheduler", "Task", "TaskId", "WorkerPace"]
 
 TaskId = NewType("TaskId", int)
 
@@ -66,6 +66,39 @@ class Task:
         self.arrived, self.result, self.error, self.outcome = False, None, None, None
 
 
+class WorkerPace:
+    """What balanced assignment knows of each worker: how long a batch takes it (``seconds``:
+    a moving average, its first batch left out, as it pays for warming up, imports and caches)
+    and when the task it is making began."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.seconds = [0.0] * num_workers  # 0: not known yet
+        self.made = [0] * num_workers
+        self.began = [0.0] * num_workers
+        self.clock = time.perf_counter
+
+    def record(self, worker_id: int, seconds: float) -> None:
+        """Worker ``worker_id`` took ``seconds`` to make its latest batch."""
+        self.made[worker_id] += 1
+        if self.made[worker_id] == 1:
+            return
+        old = self.seconds[worker_id]
+        self.seconds[worker_id] = seconds if not old else old + _PACE_WEIGHT * (seconds - old)
+
+    def task_began(self, worker_id: int) -> None:
+        self.began[worker_id] = self.clock()
+
+    def finish(self, worker_id: int, held: int, now: float) -> float:
+        """When worker ``worker_id``, holding ``held`` unanswered tasks, would finish one more."""
+        pace = self.seconds[worker_id]
+        free = max(now, self.began[worker_id] + held * pace) if held else now
+        return free + pace
+
+    def passed_over(self, worker_id: int) -> None:
+        """A task went to another worker while this one had nothing to do."""
+        self.seconds[worker_id] *= _IDLE_DECAY
+
+
 class Scheduler:
     """Tasks, the worker each is assigned to, and the order they are handed out in (see the
     module docstring)."""
@@ -73,7 +106,6 @@ class Scheduler:
     def __init__(self, num_workers: int, in_order: bool, balance: bool = False) -> None:
         self.num_workers = num_workers
         self.in_order = in_order
-        self.balance = balance
         self.tasks: dict[TaskId, Task] = {}
         self.next_id = TaskId(0)  # the id the next task gets
         self.first = TaskId(0)  # the epoch's first id: lower ids are an abandoned epoch's
@@ -81,12 +113,9 @@ class Scheduler:
         self._base = 0  # the id of the epoch's batch index 0
         self.in_flight = [0] * num_workers
         self.active = [True] * num_workers  # False: the worker's stream ended
-        # Balanced: seconds a batch takes each worker (0 until one is measured; kept across
-        # epochs, as persistent workers keep their CPUs).
-        self.pace = [0.0] * num_workers
-        self._batches_made = [0] * num_workers
-        self._began = [0.0] * num_workers  # when the task each is making began (balanced)
-        self.clock = time.perf_counter
+        # Balanced: each worker's pace (kept across epochs, as persistent workers keep their
+        # CPUs); None: torch's turns.
+        self.pace = WorkerPace(num_workers) if balance else None
         self._turn = 0
         self.keys_done = False  # the epoch's keys ran out: no task is left to assign
 
@@ -103,6 +132,12 @@ class Scheduler:
         self._turn = turn
         self.keys_done = False
 
+    @property
+    def balance(self) -> bool:
+        """``balance_workers=True``: the next task goes to the worker that would finish it
+        first."""
+        return self.pace is not None
+
     def stale(self, task_id: int) -> bool:
         """A result for a task of an abandoned epoch."""
         return task_id < self.first
@@ -117,7 +152,7 @@ class Scheduler:
     def can_assign(self) -> bool:
         """Some worker's stream has not ended (balanced: and it holds fewer than
         :data:`BALANCED_IN_FLIGHT` unanswered tasks)."""
-        if self.balance:
+        if self.pace is not None:
             return self._fastest() is not None
         return any(self.active)
 
@@ -128,8 +163,8 @@ class Scheduler:
         self.next_id = TaskId(task_id + 1)
         task = Task(worker_id, key, index, sent=sent)
         self.tasks[task_id] = task
-        if self.balance and not self.in_flight[worker_id]:
-            self._began[worker_id] = self.clock()
+        if self.pace is not None and not self.in_flight[worker_id]:
+            self.pace.task_began(worker_id)
         self.in_flight[worker_id] += 1
         return task_id, task
 
@@ -142,14 +177,15 @@ class Scheduler:
         """Balanced: the worker that would finish one more task first (ties, as between
         workers whose pace is not known yet: the one holding fewer tasks, then the next in
         turn), if it may take one now (see the module docstring)."""
+        pace = self.pace
+        assert pace is not None
         best, best_rank = None, (0.0, 0)
-        now = self.clock()
+        now = pace.clock()
         for step in range(self.num_workers):
             worker = (self._turn + step) % self.num_workers
             if self.active[worker]:
-                held, pace = self.in_flight[worker], self.pace[worker]
-                free = max(now, self._began[worker] + held * pace) if held else now
-                rank = (free + pace, held)
+                held = self.in_flight[worker]
+                rank = (pace.finish(worker, held, now), held)
                 if best is None or rank < best_rank:
                     best, best_rank = worker, rank
         if best is None or self.in_flight[best] >= BALANCED_IN_FLIGHT:
@@ -157,24 +193,20 @@ class Scheduler:
         return best
 
     def paced(self, worker_id: int, seconds: float) -> None:
-        """Worker ``worker_id`` took ``seconds`` to make its latest batch (a worker's first
-        batch is not counted: it pays for warming up, imports and caches)."""
-        self._batches_made[worker_id] += 1
-        if self._batches_made[worker_id] == 1:
-            return
-        old = self.pace[worker_id]
-        self.pace[worker_id] = seconds if old == 0.0 else old + _PACE_WEIGHT * (seconds - old)
+        """Balanced: worker ``worker_id`` took ``seconds`` to make its latest batch."""
+        if self.pace is not None:
+            self.pace.record(worker_id, seconds)
 
     def _pick_worker(self) -> int:
-        if self.balance:
+        if self.pace is not None:
             worker = self._fastest()
             if worker is not None:
                 self._turn = (worker + 1) % self.num_workers
                 for other in range(self.num_workers):
                     if other != worker and not self.in_flight[other]:
-                        self.pace[other] *= _IDLE_DECAY
+                        self.pace.passed_over(other)
                 return worker
-        if self.in_order and not self.balance:
+        if self.in_order and self.pace is None:
             for _ in range(self.num_workers):
                 candidate = self._next_turn()
                 if self.active[candidate]:
@@ -193,8 +225,8 @@ class Scheduler:
         """The worker answered ``task_id`` (a batch or an error, recorded by the caller)."""
         task = self.tasks[task_id]
         self.in_flight[task.worker_id] -= 1
-        if self.balance and self.in_flight[task.worker_id]:
-            self._began[task.worker_id] = self.clock()  # (its next task begins now)
+        if self.pace is not None and self.in_flight[task.worker_id]:
+            self.pace.task_began(task.worker_id)  # (its next task begins now)
         task.arrived = True
         return task
 
