@@ -72,16 +72,18 @@ def compare(
     seed: int = 0,
     epochs: int = 1,
     take: int | None = None,
+    ferry_only: dict[str, Any] | None = None,
     **shared: Any,
 ) -> list[Any]:
-    """Run torch (fork workers) and ferry (``kind``) from the same RNG state; assert the same
-    batches (or the same exception type) and the same RNG state after. Returns ferry's
-    batches."""
+    """Run torch (fork workers) and ferry (``kind``, and its own options ``ferry_only``) from
+    the same RNG state; assert the same batches (or the same exception type) and the same RNG
+    state after. Returns ferry's batches."""
     expected = _torch_result(build, seed, epochs, take, shared)
     dataset, kwargs = build(ferry)
     torch.manual_seed(seed)
+    own = {**kind.kwargs, **(ferry_only or {})}
     got = outcome(
-        lambda: collect(ferry.DataLoader(dataset, **kwargs, **shared, **kind.kwargs), epochs, take)
+        lambda: collect(ferry.DataLoader(dataset, **kwargs, **shared, **own), epochs, take)
     )
     assert_same_outcome(expected, got, "torch vs ferry")
     return [] if isinstance(got, Raised) else got[0]

@@ -124,6 +124,36 @@ def test_map_samplers(kind: Kind, num_workers: int, build: Build) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", FAST, indirect=True)
+@pytest.mark.parametrize(
+    "build",
+    [
+        items(22, batch_size=5, shuffle=True, drop_last=True),
+        items(7, batch_size=None, shuffle=True),
+        _weighted_sampler,
+        _subset_sampler,
+        _batch_sampler,
+        _list_batch_sampler,
+        _tensor_subset,
+    ],
+    ids=["shuffled", "batching off", "weighted", "subset", "batch sampler", "list", "tensors"],
+)
+def test_map_balanced_workers_give_torchs_batches(kind: Kind, build: Build) -> None:
+    """``balance_workers=True`` changes which worker makes a batch, not the batches: with
+    samples that do not draw from the worker's generators, torch's batches, in torch's order,
+    and the same RNG state after, over two epochs with persistent workers."""
+    compare(
+        build,
+        kind,
+        epochs=2,
+        num_workers=3,
+        prefetch_factor=1,
+        persistent_workers=True,
+        ferry_only={"balance_workers": True},
+    )
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["spawn"], indirect=True)
 def test_map_samplers_spawn(kind: Kind) -> None:
     compare(_batch_sampler, kind, num_workers=1)
@@ -141,6 +171,7 @@ def test_map_samplers_spawn(kind: Kind) -> None:
             "num_workers": st.integers(1, 3),
             "prefetch_factor": st.integers(1, 3),
             "seed": st.integers(0, 2**31),
+            "balanced": st.booleans(),
         }
     )
 )
@@ -155,6 +186,8 @@ def test_map_property_fork(case: dict[str, Any]) -> None:
         seed=case["seed"],
         num_workers=case["num_workers"],
         prefetch_factor=case["prefetch_factor"],
+        # (balanced: the same batches; torch's result is cached, so this costs ferry's run)
+        ferry_only={"balance_workers": case["balanced"]},
     )
 
 
