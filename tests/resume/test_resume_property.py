@@ -15,7 +15,8 @@ Random augmentation in ``__getitem__`` is compared only where it is reproducible
   state and restores them in the "new process", as a training script checkpoints them.
 
 Thread workers share the main process's global generators and draw in a timing-dependent
-order, so only deterministic datasets run on them. With ``in_order=False`` the order of
+order, and with ``balance_workers=True`` which worker makes which batch depends on timing, so
+only deterministic datasets run on them. With ``in_order=False`` the order of
 batches depends on timing: there each epoch is compared as a multiset (every batch of the
 epoch, hence every sample, delivered exactly once over the interrupted and resumed runs).
 The global generators are seeded identically before the reference and interrupted runs and
@@ -58,12 +59,15 @@ class Engine:
     worker_type: str = "thread"
     in_order: bool = True
     persistent: bool = False
+    balanced: bool = False  # balance_workers=True (deterministic datasets only: see configs)
 
     @property
     def kwargs(self) -> dict[str, Any]:
         if self.num_workers == 0:
             return {"in_order": self.in_order}
         extra: dict[str, Any] = {"worker_type": self.worker_type}
+        if self.balanced:
+            extra["balance_workers"] = True
         if self.worker_type == "process":
             extra["multiprocessing_context"] = "fork"
         return {
@@ -163,6 +167,8 @@ def engines(draw: st.DrawFn, *, random_dataset: bool, persistent: bool | None = 
         worker_type=kind,
         in_order=in_order,
         persistent=draw(st.booleans()) if persistent is None else persistent,
+        # (balanced, which worker makes a batch depends on timing: its draws would differ)
+        balanced=False if random_dataset else draw(st.booleans()),
     )
 
 
