@@ -278,7 +278,12 @@ def test_thread_workers_survive_prepare_and_skip() -> None:
     expected, _, torch_skipped = run(tud)
     with ferry.accelerate.installed():
         got, prepared, skipped = run(
-            ferry, num_workers=2, worker_type="thread", on_error="skip", max_errors=3
+            ferry,
+            num_workers=2,
+            worker_type="thread",
+            on_error="skip",
+            max_errors=3,
+            balance_workers=True,
         )
     assert got == expected
     assert expected[0] != expected[1]  # reshuffled between epochs
@@ -287,6 +292,7 @@ def test_thread_workers_survive_prepare_and_skip() -> None:
         assert loader.worker_type == "thread"
         assert loader.num_workers == 2
         assert (loader.on_error, loader.max_errors) == ("skip", 3)
+        assert loader.balance_workers is True
     torch.manual_seed(8)
     skipped_batches = _flat(skipped)
     torch.manual_seed(8)
