@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,23 @@ def test_the_end_of_an_epoch_reads_the_workers_within_the_share(
     now[0] += 1000.0
     switch.measure_at_end(stats, pids)
     assert stats.memory_latest[0] > 1
+
+
+@pytest.mark.timeout(30)
+def test_the_workers_memory_is_read_side_by_side() -> None:
+    """Each path is read by one of up to 8 threads (this one among them); a path that gives
+    nothing (a worker gone) reads -1; no reader is left behind."""
+    own = "/proc/self/smaps_rollup"
+    if anon_bytes(own) < 0:
+        pytest.skip("needs /proc/<pid>/smaps_rollup (Linux)")
+    before = threading.active_count()
+    paths = [own] * 10 + ["/proc/0/smaps_rollup"]
+    found = switch.read_side_by_side(paths)
+    assert len(found) == 11
+    assert all(value > 0 for value in found[:10])
+    assert found[10] == -1
+    assert threading.active_count() == before
+    assert switch.read_side_by_side([]) == []
 
 
 def test_a_slow_measure_is_taken_less_often() -> None:
