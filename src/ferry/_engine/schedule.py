@@ -11,9 +11,8 @@ per batch handed out. With ``balance`` (``balance_workers=True``) the next task 
 worker that would finish it first: when its current task began, plus its pace (the time its
 recent batches took, in the worker) for each task it would then hold; and it is sent only if
 that worker holds fewer than :data:`BALANCED_IN_FLIGHT` unanswered, else it waits for a worker
-to answer. So a worker
-on a faster CPU makes more of the epoch's batches instead of waiting for its turn, and a slow
-one is given a batch only when it would still finish it first.
+to answer. So a worker on a faster CPU makes more of the epoch's batches instead of waiting for
+its turn, and a slow one is given a batch only when it would still finish it first.
 :meth:`Scheduler.next_task` says which task is handed out next: in order, the lowest id not
 handed out yet (skipping those of ended streams); out of order, any that has arrived, the
 lowest first.
