@@ -4,6 +4,7 @@ No process or thread is started: results "arrive" when the test says so."""
 
 from __future__ import annotations
 
+from _support.clock import Clock
 from ferry._engine.schedule import BALANCED_IN_FLIGHT, Scheduler, TaskId
 
 
@@ -148,23 +149,13 @@ def test_balanced_workers_hold_at_most_two_unanswered_tasks() -> None:
     assert next_task.index == 0
 
 
-class Clock:
-    """A clock the test moves (``Scheduler.clock``)."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_balanced_task_goes_to_the_worker_that_would_finish_it_first() -> None:
     s = Scheduler(num_workers=2, in_order=True, balance=True)
     assert s.pace is not None
     s.pace.clock = Clock()
     s.begin_epoch(0, turn=0)
     for worker, seconds in ((0, 9.0), (1, 9.0), (0, 0.4), (1, 0.1)):
-        s.paced(worker, seconds)  # (each worker's first batch, 9 s, is not counted)
+        s.pace.record(worker, seconds)  # (each worker's first batch, 9 s, is not counted)
     assert s.pace.seconds == [0.4, 0.1]
     a = s.assign(0, "key0")[1]
     b = s.assign(1, "key1")[1]
@@ -207,7 +198,7 @@ def test_a_balanced_worker_found_slow_is_tried_again_later() -> None:
     s.pace.clock = Clock()
     s.begin_epoch(0, turn=0)
     for worker, seconds in ((0, 1.0), (0, 1.0), (1, 1.0), (1, 0.1)):
-        s.paced(worker, seconds)
+        s.pace.record(worker, seconds)
     workers = []
     for index in range(40):
         task_id, task = s.assign(index, index)
@@ -221,7 +212,8 @@ def test_a_balanced_worker_found_slow_is_tried_again_later() -> None:
 def test_without_balance_the_pace_is_not_kept() -> None:
     s = Scheduler(num_workers=2, in_order=True)
     s.begin_epoch(0, turn=0)
-    assert (s.pace, s.balance) == (None, False)
-    s.paced(1, 0.1)  # (nothing to record it in)
+    assert s.pace is None
     ids = _fill(s, 4)
+    s.arrived(ids[1], made_s=0.1)  # (a pace given without balance is not kept)
+    assert s.pace is None
     assert [s.tasks[t].worker_id for t in ids] == [0, 1, 0, 1]

@@ -5,17 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from _support.clock import Clock
 from ferry.stats import StatsRecorder
-
-
-class Clock:
-    """A clock that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_timing_adds_the_blocks_seconds_to_its_stage_and_gives_its_start() -> None:

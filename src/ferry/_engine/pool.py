@@ -367,10 +367,7 @@ class WorkerIterator(LoaderIterator):
     def _deliver(self, task_id: TaskId) -> Delivery:
         task = self._schedule.take(task_id)
         self._auto.held.delivered = True
-        if self._schedule.pace is not None:
-            self._fill()  # (the window's free place may go to a worker that was full)
-        else:
-            self._dispatch()
+        self._fill()  # (its place in the window; balanced, maybe to a worker that was full)
         error, task.error = task.error, None
         if error is None:
             return Delivery(task.result, task.index, task.worker_id, task.position, task.outcome)
@@ -426,7 +423,6 @@ class WorkerIterator(LoaderIterator):
             case Done(task=task_id):
                 self._made(worker_id, TaskId(task_id), message)
                 if self._schedule.pace is not None:
-                    self._schedule.paced(worker_id, message.timing.made_s)
                     self._fill()  # (this worker can take another task now)
             case _:
                 assert_never(message)
@@ -434,7 +430,7 @@ class WorkerIterator(LoaderIterator):
     def _made(self, worker_id: int, task_id: TaskId, done: Done) -> None:
         """Worker ``worker_id`` made task ``task_id``'s batch: where it then stood, its
         figures, and the batch, ready to be handed out (or pinned first)."""
-        task = self._schedule.arrived(task_id)
+        task = self._schedule.arrived(task_id, done.timing.made_s)
         task.position = self._track.flight.made(worker_id, task.index, done.report)
         stats = self._stats
         stats.worker_made(worker_id, done.timing)

@@ -131,12 +131,6 @@ class Scheduler:
         self._turn = turn
         self.keys_done = False
 
-    @property
-    def balance(self) -> bool:
-        """``balance_workers=True``: the next task goes to the worker that would finish it
-        first."""
-        return self.pace is not None
-
     def stale(self, task_id: int) -> bool:
         """A result for a task of an abandoned epoch."""
         return task_id < self.first
@@ -191,11 +185,6 @@ class Scheduler:
             return None
         return best
 
-    def paced(self, worker_id: int, seconds: float) -> None:
-        """Balanced: worker ``worker_id`` took ``seconds`` to make its latest batch."""
-        if self.pace is not None:
-            self.pace.record(worker_id, seconds)
-
     def _pick_worker(self) -> int:
         if self.pace is not None:
             worker = self._fastest()
@@ -220,12 +209,16 @@ class Scheduler:
 
     # -- results -----------------------------------------------------------------------------------
 
-    def arrived(self, task_id: TaskId) -> Task:
-        """The worker answered ``task_id`` (a batch or an error, recorded by the caller)."""
+    def arrived(self, task_id: TaskId, made_s: float | None = None) -> Task:
+        """The worker answered ``task_id`` (a batch or an error, recorded by the caller);
+        ``made_s``: the seconds it took to make the batch, its pace when balanced."""
         task = self.tasks[task_id]
         self.in_flight[task.worker_id] -= 1
-        if self.pace is not None and self.in_flight[task.worker_id]:
-            self.pace.task_began(task.worker_id)  # (its next task begins now)
+        if self.pace is not None:
+            if made_s is not None:
+                self.pace.record(task.worker_id, made_s)
+            if self.in_flight[task.worker_id]:
+                self.pace.task_began(task.worker_id)  # (its next task begins now)
         task.arrived = True
         return task
 

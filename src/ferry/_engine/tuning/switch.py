@@ -49,6 +49,7 @@ from ferry._engine.schedule import Scheduler
 from ferry._engine.transport.messages import Done
 from ferry._engine.work.aio import is_async_dataset
 from ferry._engine.work.reads import PARALLEL_FROM, SampleReads
+from ferry._validate import available_cpus
 from ferry.stats import StatsRecorder
 
 __all__ = [
@@ -306,7 +307,7 @@ def read_side_by_side(paths: list[str]) -> list[int]:
     the reading thread has let go of the GIL, so N reads take about N / threads times one on
     a machine with CPUs to spare. -1 where a read gives nothing (the process is gone)."""
     found = [-1] * len(paths)
-    readers = max(1, min(len(paths), _READERS, os.cpu_count() or 1))
+    readers = max(1, min(len(paths), _READERS, available_cpus()[0] or 1))
 
     def read(first: int) -> None:
         for index in range(first, len(paths), readers):
