@@ -120,17 +120,18 @@ def format_scaling(rows: Sequence[ScalingRow], legend: bool = True) -> str:
 def scaling_markdown(rows: Sequence[ScalingRow], meta: dict[str, Any]) -> str:
     """A markdown page: where and how it ran, the table, the failures, the legend."""
     feed = "GPU feed" if rows and rows[0].feed == "gpu" else "CPU feed"
+    shown = _columns(rows)
     out = [
         f"# ferry bench --scaling ({feed})",
         "",
         *(f"- **{key}:** {value}" for key, value in meta.items() if not isinstance(value, dict)),
         "",
-        "| " + " | ".join(TITLES[: _columns(rows)]) + " |",
-        "| " + " | ".join("---" if a == "<" else "---:" for a in _ALIGN[: _columns(rows)]) + " |",
+        "| " + " | ".join(TITLES[:shown]) + " |",
+        "| " + " | ".join("---" if a == "<" else "---:" for a in _ALIGN[:shown]) + " |",
     ]
     notes: list[str] = []
     for row in _sorted(rows):
-        out.append("| " + " | ".join(scaling_cells(row)[: _columns(rows)]) + " |")
+        out.append("| " + " | ".join(scaling_cells(row)[:shown]) + " |")
         notes.extend(f"- {row.workload} at {row.workers}: {note}" for note in _notes(row))
     if notes:
         out.extend(["", *notes])
