@@ -50,6 +50,9 @@ import time
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
+from ferry.bench.scaling import _gpu_step as gpu_step  # (the scaling mode's GPU feed)
+from ferry.bench.workloads import ImagePool
+
 _SHAPE = (3, 224, 224)
 
 # Which stage a function of the main thread belongs to, by the file it is defined in.
@@ -74,19 +77,6 @@ _STAGES = {
     "statistics": ("stats.py",),
     "threading": ("threading.py",),
 }
-
-
-class ImagePool:
-    """Sample ``i`` is a view of one of a few preallocated uint8 images."""
-
-    def __init__(self, pool: Any, length: int) -> None:
-        self.pool, self.length = pool, length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> Any:
-        return self.pool[index % len(self.pool)]
 
 
 class Timed:
@@ -210,19 +200,6 @@ def _loader(args: argparse.Namespace, name: str, workers: int, totals: Any) -> A
     return ferry.DataLoader(dataset, **options)
 
 
-def _gpu_step() -> Any:
-    """The scaling mode's GPU feed: copy to the device, normalize per channel there."""
-    import torch
-
-    mean = torch.tensor([0.485, 0.456, 0.406], device="cuda").view(1, 3, 1, 1) * 255
-    std = torch.tensor([0.229, 0.224, 0.225], device="cuda").view(1, 3, 1, 1) * 255
-
-    def step(batch: Any) -> Any:
-        return (batch.to("cuda", non_blocking=True).float() - mean) / std
-
-    return step
-
-
 def _stage_of(filename: str) -> str:
     base = os.path.basename(filename)
     for stage, files in _STAGES.items():
@@ -291,7 +268,7 @@ def _epoch(loader: Any, step: Any) -> tuple[int, float, float, bool]:
 def measure(args: argparse.Namespace, name: str, workers: int) -> dict[str, float]:
     totals = RawArray("d", 3 * max(workers, 1))
     loader = _loader(args, name, workers, totals)
-    step = _gpu_step() if args.gpu else None
+    step = gpu_step() if args.gpu else None
     _epoch(loader, step)  # warm-up: workers started, slabs made, the device's context
     pids = _children()
     profile = cProfile.Profile(time.thread_time) if args.profile else None
