@@ -73,10 +73,16 @@ SLOW_SUITES = (
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests = Path(__file__).parent
+    slow = set()
     for item in items:
         where = item.path.relative_to(tests).as_posix()
         if where.startswith(SLOW_SUITES):
             item.add_marker(pytest.mark.slow)
+            slow.add(item.path)
+    # The slow suites first, each file's tests kept together and in order: pytest-xdist hands
+    # whole files to its processes in this order (`make test`'s --dist loadfile), and a long file
+    # handed out last would leave one process working alone at the end.
+    items.sort(key=lambda item: item.path not in slow)
 
 
 # The only reasons a test may skip for (each pattern must match a whole reason): what the machine

@@ -30,6 +30,7 @@ from _support.compare import (
     assert_same_outcome,
     differential,
     outcome,
+    stable_id,
 )
 from _support.strategies import (
     NUMPY_DTYPES,
@@ -140,7 +141,7 @@ def test_collate_with_custom_maps_matches_torch(batch: list[Any], map_kind: str)
         [range(2), range(2)],
         ["ab", "cd"],
     ],
-    ids=repr,
+    ids=stable_id,
 )
 def test_documented_cases_match_torch(batch: list[Any]) -> None:
     _assert_both(lambda m: m.default_collate(batch))
@@ -187,7 +188,9 @@ def test_numpy_string_array_error_names_the_dtype() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [np.str_("a"), np.bytes_(b"a"), np.float64(1.5), np.datetime64("2020-01-01")], ids=repr
+    "value",
+    [np.str_("a"), np.bytes_(b"a"), np.float64(1.5), np.datetime64("2020-01-01")],
+    ids=stable_id,
 )
 def test_default_convert_numpy_scalars(value: Any) -> None:
     _assert_both(lambda m: m.default_convert(value))

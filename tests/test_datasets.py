@@ -30,6 +30,7 @@ from _support.compare import (
     differential,
     map_dataset,
     outcome,
+    stable_id,
     stream_dataset,
 )
 from ferry.datasets import is_iterable_style, tensor_gather
@@ -201,7 +202,7 @@ def test_tensor_dataset_subclass_getitems_override_is_used_by_the_loader() -> No
         [[0, 1], [2, 3]],
         [6],
     ],
-    ids=repr,
+    ids=stable_id,
 )
 def test_tensor_dataset_batches_of_any_keys_match_torch(batch: Any) -> None:
     """torch reads a batch of keys one ``dataset[key]`` at a time, whatever the keys are; the

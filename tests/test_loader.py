@@ -29,6 +29,7 @@ from _support.compare import (
     differential,
     map_dataset,
     outcome,
+    stable_id,
     stream_dataset,
 )
 from ferry._engine.transport.pin import accelerator_available
@@ -269,7 +270,7 @@ def test_worker_type_is_validated() -> None:
             ]
         ),
     ],
-    ids=repr,
+    ids=stable_id,
 )
 def test_valid_options_accepted_like_torch(kwargs: dict[str, Any]) -> None:
     differential(lambda m: m.DataLoader(range(5), **kwargs))
@@ -284,7 +285,7 @@ def test_valid_options_accepted_like_torch(kwargs: dict[str, Any]) -> None:
         multiprocessing.get_context("spawn"),
         torch.multiprocessing.get_context("fork"),
     ],
-    ids=repr,
+    ids=stable_id,
 )
 def test_multiprocessing_context_is_resolved_like_torch(context: Any) -> None:
     if isinstance(context, str) and context not in multiprocessing.get_all_start_methods():
@@ -357,7 +358,7 @@ def test_other_attributes_can_be_set_after_init() -> None:
         {"batch_size": 3, "shuffle": True},
         {"sampler": iter([1, 2])},
     ],
-    ids=repr,
+    ids=stable_id,
 )
 @pytest.mark.parametrize("n", [0, 1, 10])
 def test_len_of_map_style_loaders_matches_torch(kwargs: dict[str, Any], n: int) -> None:
@@ -376,7 +377,7 @@ def test_len_of_map_style_loaders_matches_torch(kwargs: dict[str, Any], n: int) 
         {"batch_size": 4, "drop_last": True},
         {"batch_size": None},
     ],
-    ids=repr,
+    ids=stable_id,
 )
 @pytest.mark.parametrize("length", [0, 1, 8, 10, None])
 def test_len_of_iterable_style_loaders_estimates_like_torch(

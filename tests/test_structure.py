@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data._utils.collate import default_convert as torch_default_convert
 
-from _support.compare import HYPOTHESIS, assert_same
+from _support.compare import HYPOTHESIS, assert_same, stable_id
 from _support.strategies import (
     CONTAINERS,
     FixedRow,
@@ -104,7 +104,7 @@ def test_every_leaf_is_visited_once_and_inputs_are_not_mutated(data: Any) -> Non
         (range(2), [0, 1]),
         (Leaf(3), ("x", 3)),
     ],
-    ids=repr,
+    ids=stable_id,
 )
 def test_map_structure_examples(data: Any, expected: Any) -> None:
     def leaf(value: Any) -> Any:

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -148,6 +149,12 @@ class Raised:
 
     type: type[BaseException]
     message: str
+
+
+def stable_id(value: Any) -> str:
+    """A test id from ``repr(value)`` without memory addresses, so that every process that
+    collects the suite (pytest-xdist's workers) names the test alike."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
 def outcome(fn: Callable[[], Any]) -> Any:

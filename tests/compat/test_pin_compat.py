@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
-from _support.compare import HYPOTHESIS, assert_same
+from _support.compare import HYPOTHESIS, assert_same, stable_id
 from _support.strategies import CONTAINERS, Pair, Record, build_container
 from ferry._engine.transport.pin import pin_batch
 
@@ -90,7 +90,7 @@ def test_pinning_rebuilds_batches_like_torch(batch: Any) -> None:
         "text",
         range(3),
     ],
-    ids=repr,
+    ids=stable_id,
 )
 def test_pinning_examples_match_torch(batch: Any) -> None:
     assert_same(torch_pin_memory(copy.deepcopy(batch)), pin_batch(copy.deepcopy(batch)))

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import ferry
-from _support.compare import canon
+from _support.compare import canon, stable_id
 from ferry.errors import StallWarning, WorkerTimeout
 from workers import restart_datasets as rd
 
@@ -283,7 +283,7 @@ def test_timeout_still_raises_after_the_stall_warning() -> None:
         (True, TypeError),
         ([1], TypeError),
     ],
-    ids=repr,
+    ids=stable_id,
 )
 def test_invalid_stall_warning_is_refused(value: Any, error: type[Exception]) -> None:
     """Zero, negative, NaN, a string, a bool or a list: refused when the loader is made,
