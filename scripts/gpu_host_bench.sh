@@ -24,7 +24,10 @@
 # per loader, default 3), BUDGET, EPOCH_TIMEOUT, LIMIT, FEED (auto, gpu or cpu; default auto),
 # QUICK=1 (tiny batches: a smoke test of the script itself, figures meaningless), BALANCED=1
 # (also ferry's process workers with balance_workers=True), BPW (batches a worker makes in an
-# epoch; default the workload's 4-6), ONLY (jpeg or uint8), NO_THREADS=1. The long-epoch run of
+# epoch; default the workload's 4-6), ONLY (jpeg or uint8), NO_THREADS=1, CPU_SPEEDS=1 (first,
+# scripts/cpu_speeds.py, about 30 s: whether the CPUs differ in speed and whether moving the
+# workers round them evens it out; cpu_speeds.txt and .json; at most 2 minutes more, outside
+# LIMIT). The long-epoch run of
 # balanced workers, about 3 minutes:
 #
 #   WORKERS=15,8 ONLY=jpeg BPW=16 BALANCED=1 NO_THREADS=1 REPS=2 scripts/gpu_host_bench.sh OUT
@@ -54,6 +57,9 @@ out="$(cd "$out" && pwd)"
   echo "cpus: $(nproc 2>/dev/null || echo unknown)"
   echo "commit: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "run: WORKERS=$workers REPS=$reps BUDGET=$budget EPOCH_TIMEOUT=$epoch_timeout LIMIT=$limit FEED=$feed ${extra[*]}"
+  command -v lscpu >/dev/null 2>&1 &&
+    lscpu | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)|Hypervisor vendor|L3 cache)' |
+    sed 's/  */ /g'
   command -v nvidia-smi >/dev/null 2>&1 &&
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$python" - <<'EOF'
@@ -76,6 +82,10 @@ EOF
 cat "$out/host.txt"
 
 cd "$repo" || exit 2
+if [ -n "${CPU_SPEEDS:-}" ]; then
+  PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}" timeout -k 5 120 \
+    "$python" scripts/cpu_speeds.py --json "$out/cpu_speeds.json" 2>&1 | tee "$out/cpu_speeds.txt"
+fi
 PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}" timeout -k 15 "$limit" \
   "$python" -m ferry bench --scaling --feed "$feed" --workers-list "$workers" --reps "$reps" \
   --budget "$budget" --timeout "$epoch_timeout" ${QUICK:+--quick} "${extra[@]}" \

@@ -21,6 +21,8 @@ everything; the counts stay).
     python3 scripts/scaling_costs.py --workload jpeg --gpu --workers 8 15 --epochs 3   # GPU host
     python3 scripts/scaling_costs.py --workload jpeg --gpu --workers 15 --samples 30720 \
         --loader torch ferry ferry-balanced --epochs 2      # long epochs, balance_workers=True
+    python3 scripts/scaling_costs.py --workload jpeg --gpu --workers 15 --epochs 3 \
+        --nudge-ms 50   # workers swapping CPUs as they run (scripts/cpu_speeds.py says why)
 
 ``--workload jpeg`` runs the scaling mode's Pillow pipeline (batch 128) instead of the image
 pool; ``--gpu`` the scaling mode's GPU feed (``pin_memory=True``, ``prefetch_factor=4``, each
@@ -49,6 +51,8 @@ import threading
 import time
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
+
+from cpu_speeds import Nudger  # (scripts/ is on the path of a script run from it)
 
 from ferry.bench.scaling import _gpu_step as gpu_step  # (the scaling mode's GPU feed)
 from ferry.bench.workloads import ImagePool
@@ -279,9 +283,15 @@ def measure(args: argparse.Namespace, name: str, workers: int) -> dict[str, floa
     walls, lines = [], []
     if profile is not None:
         profile.enable()
+    nudges = 0
     for _ in range(args.epochs):
         start = time.perf_counter()
-        b, w, s, p = _epoch(loader, step)
+        if args.nudge_ms:
+            with Nudger(_children, args.nudge_ms / 1000) as nudger:
+                b, w, s, p = _epoch(loader, step)
+            nudges += nudger.moves
+        else:
+            b, w, s, p = _epoch(loader, step)
         walls.append(time.perf_counter() - start)
         idle = _timeline(loader.dataset.marks, workers, start, start + walls[-1])
         lines.append(", ".join(f"{k} {v:,.1f}" for k, v in idle.items()))
@@ -322,6 +332,8 @@ def measure(args: argparse.Namespace, name: str, workers: int) -> dict[str, floa
     }
     if step is not None:
         row["pinned"] = float(pinned)
+    if args.nudge_ms:
+        row["nudges"] = float(nudges)
     for number, line in enumerate(lines):
         print(f"  {name} x{workers} epoch {number + 1} timeline (ms): {line}", flush=True)
     if profile is not None:
@@ -353,6 +365,13 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true", help="pin_memory=True")
     parser.add_argument("--profile", action="store_true", help="the main thread's stages")
     parser.add_argument("--strace", action="store_true", help="system calls per batch")
+    parser.add_argument(
+        "--nudge-ms",
+        type=float,
+        default=0.0,
+        help="during measured epochs, every this many ms move each worker process to the CPU "
+        "of the next one, then set it free (scripts/cpu_speeds.py says why)",
+    )
     args = parser.parse_args()
     if args.batch is None:
         args.batch = 128 if args.workload == "jpeg" else 64
