@@ -63,8 +63,34 @@ def run_ranks(
     for all of them, and returns what each pickled to ``out_dir/rank{N}.pkl``.
 
     Every process is reaped whatever happens; a rank that fails, runs past ``deadline_s`` or
-    writes no result fails the test with every rank's log (``out_dir/rank{N}.log``).
+    writes no result fails the test with every rank's log (``out_dir/rank{N}.log``). The port is
+    free when chosen, but another process (pytest-xdist runs two test files at once) may take it
+    before rank 0 listens on it: the ranks are started once more, on another port, when a log
+    says so.
     """
+    for attempt in range(2):
+        try:
+            return _run_ranks_once(command, world, out_dir, deadline_s, what)
+        except _PortTaken:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(Exception):
+    pass
+
+
+_PORT_TAKEN = ("Address already in use", "EADDRINUSE")
+
+
+def _run_ranks_once(
+    command: Callable[[int, int], list[str]],
+    world: int,
+    out_dir: Path,
+    deadline_s: float,
+    what: str,
+) -> list[Any]:
     port = free_port()
     logs = [(out_dir / f"rank{rank}.log").open("wb") for rank in range(world)]
     processes: list[subprocess.Popen[bytes]] = []
@@ -92,10 +118,14 @@ def run_ranks(
     results = [out_dir / f"rank{rank}.pkl" for rank in range(world)]
     if timed_out or any(codes) or not all(r.exists() for r in results):
         why = f"ran past {deadline_s} s" if timed_out else "failed"
+        texts = [(out_dir / f"rank{rank}.log").read_text(errors="replace") for rank in range(world)]
+        if not timed_out and any(words in text for text in texts for words in _PORT_TAKEN):
+            for path in results:
+                path.unlink(missing_ok=True)
+            raise _PortTaken(port)
         output = "\n".join(
-            f"--- rank {rank} (exit {code}) ---\n"
-            + (out_dir / f"rank{rank}.log").read_text(errors="replace")[-6000:]
-            for rank, code in enumerate(codes)
+            f"--- rank {rank} (exit {code}) ---\n" + text[-6000:]
+            for rank, (code, text) in enumerate(zip(codes, texts, strict=True))
         )
         pytest.fail(f"{what}: a rank {why}:\n{output}")
     loaded = []
