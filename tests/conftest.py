@@ -5,6 +5,12 @@
 RNG state. It restores them either way, so one leaking test cannot break the ones after it,
 and fails the leaking test so the leak gets fixed. Modules opt in with
 ``pytestmark = pytest.mark.usefixtures("guard_global_state")``.
+
+``make test`` runs two test files at once (pytest-xdist, one process each): a test may not
+count on having the machine alone. What it makes outside its process is named after its pid
+or kept under ``tmp_path`` (ferry's /dev/shm names carry the main process's pid), a port is
+chosen free and retried when taken (``_support/ranks.py``), and what it counts is its own
+(its children, its descriptors), never the machine's.
 """
 
 from __future__ import annotations

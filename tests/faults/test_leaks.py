@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -49,9 +50,12 @@ def shm_entries() -> set[str]:
 
 
 def ours(entries: set[str], pids: set[int]) -> set[str]:
-    """Entries that name ferry or one of the processes involved (/dev/shm is shared with every
-    other process of the machine)."""
-    return {e for e in entries if "ferry" in e or any(str(pid) in e for pid in pids)}
+    """Entries that name one of the processes involved: ferry's names begin with the main
+    process's pid (``ferry-{pid}-{worker pid}-...``), others' (torch's) carry theirs. /dev/shm
+    is shared with every other process of the machine, ferry's in the other pytest-xdist
+    process included."""
+    names = {str(pid) for pid in pids}
+    return {e for e in entries if names & set(re.findall(r"\d+", e))}
 
 
 @pytest.mark.timeout(120)
