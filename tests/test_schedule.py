@@ -37,7 +37,7 @@ def test_the_round_robin_starts_at_the_turn_it_is_given() -> None:
     assert s.turn == 2
 
 
-def test_out_of_order_hands_out_what_arrived_and_feeds_the_least_busy_worker() -> None:
+def test_out_of_order_hands_out_what_arrived_and_feeds_a_worker_below_its_share() -> None:
     s = Scheduler(num_workers=2, in_order=False)
     s.begin_epoch(0, turn=0)
     _fill(s, 4)  # workers 0, 1, 0, 1
@@ -47,7 +47,8 @@ def test_out_of_order_hands_out_what_arrived_and_feeds_the_least_busy_worker() -
     s.take(TaskId(3))
     assert s.next_yield == 0  # (task 0 is still the next in order)
     task_id, task = s.assign(4, "key4")
-    assert (task_id, task.worker_id) == (4, 1)  # worker 1 has one task in flight, worker 0 two
+    # Worker 0's turn, but it holds its share (2 of the 4 out): passed over, as torch does.
+    assert (task_id, task.worker_id) == (4, 1)
     s.arrived(TaskId(0))
     s.take(TaskId(0))
     s.arrived(TaskId(1))
@@ -58,6 +59,39 @@ def test_out_of_order_hands_out_what_arrived_and_feeds_the_least_busy_worker() -
     next_task = s.next_task()
     assert next_task is not None
     assert next_task.index == 4
+
+
+def test_out_of_order_goes_to_the_next_in_turn_below_its_share_not_to_the_least_busy() -> None:
+    """torch's dispatch with ``in_order=False`` (``_try_put_index``): round the workers from the
+    turn, passing over those that hold ``prefetch_factor * num_workers // active`` tasks; the
+    turn moves past each one looked at. Not the least busy worker: worker 0, below its share
+    and next in turn, gets the task although worker 1 holds none."""
+    s = Scheduler(num_workers=3, in_order=False, depth=6)  # (prefetch_factor 2)
+    s.begin_epoch(0, turn=0)
+    ids = _fill(s, 6)
+    assert [s.tasks[t].worker_id for t in ids] == [0, 1, 2, 0, 1, 2]
+    for done in (0, 1, 4):  # worker 0 answers one, worker 1 both of its tasks
+        s.arrived(TaskId(done))
+        s.take(TaskId(done))
+    assert s.in_flight == [1, 0, 2]
+    assert s.turn == 0
+    picked = [s.assign(i, f"key{i}")[1].worker_id for i in range(6, 9)]
+    # 6: worker 0 (1 < 2); 7: worker 1 (0 < 2); 8: worker 2 holds 2 and worker 0 now 2, so
+    # both are passed over, and worker 1 (1 < 2) gets it.
+    assert picked == [0, 1, 1]
+    assert s.in_flight == [2, 2, 2]
+
+
+def test_out_of_order_share_grows_as_streams_end() -> None:
+    """The share is of the workers still active: with one of two streams ended, the other may
+    hold the whole prefetch window."""
+    s = Scheduler(num_workers=2, in_order=False, depth=4)
+    s.begin_epoch(0, turn=0)
+    ids = _fill(s, 2)  # worker 0, worker 1
+    s.stream_ended(1, ids[1])
+    picked = [s.assign(i, f"key{i}")[1].worker_id for i in range(2, 5)]
+    assert picked == [0, 0, 0]
+    assert s.in_flight == [4, 0]
 
 
 def test_a_worker_whose_stream_ended_gets_no_more_tasks_and_its_tasks_are_skipped() -> None:

@@ -84,7 +84,9 @@ class WorkerIterator(LoaderIterator):
             )
         super().__init__(plan, resume, budget, run)
         # Which worker makes which batch and which is handed out next (no transport).
-        self._schedule = Scheduler(plan.num_workers, plan.in_order, plan.balance_workers)
+        self._schedule = Scheduler(
+            plan.num_workers, plan.in_order, plan.balance_workers, depth=self._depth()
+        )
         self._crew = self._new_crew()
         self._incidents = Incidents(self._crew, self._schedule, self._track, self._stats)
         self._fatal: BaseException | None = None

@@ -5,14 +5,15 @@ A *task* is one batch asked of a worker. Its :data:`TaskId` numbers tasks across
 result of an abandoned epoch is told apart by its id: ids below :attr:`Scheduler.first` are
 stale); its ``index`` is the batch's number within the epoch (the key's number, what the cursor
 counts). :meth:`Scheduler.assign` picks the worker as torch does: round-robin over the workers
-whose stream has not ended (``in_order=True``), or the least busy of them (``in_order=False``);
-at most ``prefetch_factor`` tasks a worker are in flight, and the engine assigns one new task
-per batch handed out. With ``balance`` (``balance_workers=True``) the next task goes to the
-worker that would finish it first: when its current task began, plus its pace (the time its
-recent batches took, in the worker) for each task it would then hold; and it is sent only if
-that worker holds fewer than :data:`BALANCED_IN_FLIGHT` unanswered, else it waits for a worker
-to answer. So a worker on a faster CPU makes more of the epoch's batches instead of waiting for
-its turn, and a slow one is given a batch only when it would still finish it first.
+whose stream has not ended (``in_order=True``), or the next in turn that holds fewer than its
+share of the ``prefetch_factor * num_workers`` tasks out (``in_order=False``); the engine keeps
+that many out, assigning one new task per batch handed out. With ``balance``
+(``balance_workers=True``) the next task goes to the worker that would finish it first: when
+its current task began, plus its pace (the time its recent batches took, in the worker) for
+each task it would then hold; and it is sent only if that worker holds fewer than
+:data:`BALANCED_IN_FLIGHT` unanswered, else it waits for a worker to answer. So a worker on a
+faster CPU makes more of the epoch's batches instead of waiting for its turn, and a slow one is
+given a batch only when it would still finish it first.
 :meth:`Scheduler.next_task` says which task is handed out next: in order, the lowest id not
 handed out yet (skipping those of ended streams); out of order, any that has arrived, the
 lowest first.
@@ -102,9 +103,14 @@ class Scheduler:
     """Tasks, the worker each is assigned to, and the order they are handed out in (see the
     module docstring)."""
 
-    def __init__(self, num_workers: int, in_order: bool, balance: bool = False) -> None:
+    def __init__(
+        self, num_workers: int, in_order: bool, balance: bool = False, depth: int = 0
+    ) -> None:
         self.num_workers = num_workers
         self.in_order = in_order
+        # The most tasks out at once (``prefetch_factor * num_workers``; 0: torch's default
+        # prefetch_factor of 2): out of order, a worker holding its share of them is passed over.
+        self.depth = depth or 2 * num_workers
         self.tasks: dict[TaskId, Task] = {}
         self.next_id = TaskId(0)  # the id the next task gets
         self.first = TaskId(0)  # the epoch's first id: lower ids are an abandoned epoch's
@@ -199,13 +205,21 @@ class Scheduler:
                 candidate = self._next_turn()
                 if self.active[candidate]:
                     return candidate
+        # Out of order, as torch: the next in turn that holds fewer than its share of the
+        # tasks out (so a slow worker with a full queue is passed over, and the fast ones make
+        # more of the epoch); the turn moves past those passed over. A task a worker holds is
+        # one not handed out yet, made or not, as torch counts them: results that arrived
+        # together and wait to be handed out still count against their workers.
         active = [w for w in range(self.num_workers) if self.active[w]]
-        least = min(self.in_flight[w] for w in active)
+        share = self.depth // len(active)
+        held = [0] * self.num_workers
+        for task in self.tasks.values():
+            held[task.worker_id] += 1
         for _ in range(self.num_workers):
             candidate = self._next_turn()
-            if self.active[candidate] and self.in_flight[candidate] == least:
+            if self.active[candidate] and held[candidate] < share:
                 return candidate
-        return active[0]
+        return min(active, key=lambda w: held[w])  # (none below its share)
 
     # -- results -----------------------------------------------------------------------------------
 
