@@ -20,15 +20,8 @@ import torch
 import torch.utils.data as tud
 
 import ferry
-from _support.processes import poll
 from ferry._core import memory
-from ferry._core.memory import (
-    COPY_ON_WRITE,
-    AsideSampler,
-    MemorySampler,
-    anon_bytes,
-    growth_verdict,
-)
+from ferry._core.memory import COPY_ON_WRITE, MemorySampler, anon_bytes, growth_verdict
 from ferry._engine.tuning import switch
 from ferry.stats import LoaderStats, StatsRecorder
 
@@ -108,46 +101,6 @@ def test_a_worker_measures_after_the_first_batch_then_at_most_four_times_a_secon
     sampler.restart()  # a new epoch (persistent workers): its first batch is measured
     assert sampler.after_batch() == 100
     assert len(reads) == 3
-
-
-@pytest.mark.timeout(30)
-def test_a_process_worker_reads_after_its_baseline_on_a_thread_beside_the_next_batch() -> None:
-    """``AsideSampler`` (process workers): the epoch's first read inline, the later ones on a
-    thread of their own, one at a time, each figure given once when it is over; the pace and
-    the share as inline, the share from the read's own cost."""
-    now, cost = [0.0], [0.0]
-    reads: list[str] = []
-    release = threading.Event()
-
-    def read() -> int:
-        reads.append(threading.current_thread().name)
-        if len(reads) == 2 and not release.wait(10):  # (the read the test holds up)
-            return -1
-        cost[0] += 0.002  # 2 ms of the reading thread's CPU
-        return 100 * len(reads)
-
-    main = threading.current_thread().name
-    sampler = AsideSampler(read, lambda: now[0], lambda: cost[0])
-    assert sampler.after_batch() == 100  # the baseline, inline
-    assert reads == [main]
-    assert sampler.finished() == 100  # (carried by the next batch)
-    assert sampler.finished() == -1  # once
-    now[0] = 0.3
-    assert sampler.after_batch() == -1  # due: started aside, the batch goes on at once
-    assert poll(lambda: len(reads) == 2, 5.0)
-    assert reads[1] != main
-    assert sampler.after_batch() == -1  # one read at a time
-    assert sampler.finished() == -1  # not over yet
-    release.set()
-    assert poll(lambda: sampler.finished() == 200, 5.0)
-    assert sampler.finished() == -1
-    now[0] = 0.5  # the pace holds aside too: a quarter of a second after that read began
-    assert sampler.after_batch() == -1
-    assert len(reads) == 2
-    now[0] = 1.0
-    sampler.restart()  # a new epoch: its baseline inline again
-    assert sampler.after_batch() == 300
-    assert reads[2] == main
 
 
 def test_a_new_epoch_does_not_buy_a_read_beyond_the_share() -> None:

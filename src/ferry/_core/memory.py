@@ -23,15 +23,12 @@ doctor and ``num_workers="auto"`` read.
 
 from __future__ import annotations
 
-import _thread
-import threading
 import time
 from collections.abc import Callable
 
 __all__ = [
     "COPY_ON_WRITE",
     "COST_SHARE",
-    "AsideSampler",
     "MemorySampler",
     "anon_bytes",
     "available_memory",
@@ -87,126 +84,42 @@ def available_memory() -> int | None:
 
 class MemorySampler:
     """When a worker reads its memory: after the first batch of an epoch, then at most four
-    times a second and within 1% of its time. :meth:`after_batch` reads when a read is due and
-    returns the figure, or -1 when it was not read (not due, or not available on this system);
-    :meth:`finished` gives the figure of the last read once, for the next batch to carry."""
+    times a second and within 1% of its time. :meth:`after_batch` returns the figure, or -1 when it
+    was not read (not due, or not available on this system)."""
 
     def __init__(
         self,
         read: Callable[[], int] = anon_bytes,
         clock: Callable[[], float] = time.perf_counter,
-        cost_clock: Callable[[], float] | None = None,
     ) -> None:
         self._read = read
         self._clock = clock
-        self._cost_clock = clock if cost_clock is None else cost_clock  # what a read costs
         self._next = 0.0  # due at once
         # When the 1% share allows the next read (the cost part of ``_next``): a new epoch
         # does not buy another read sooner. Persistent workers of short epochs read at every
         # epoch's first batch otherwise: 5-7 ms of a 2-worker, 50 ms epoch (measured).
         self._allowed = 0.0
         self._available = True
-        self._figure = -1  # the last read's figure, until :meth:`finished` takes it
 
     def restart(self) -> None:
         """A new epoch: its next batch is measured (its baseline), unless the last read was
         too recent for the 1% share (then the first batch due is)."""
         self._next = self._allowed
 
-    def _due(self) -> float | None:
-        """The clock's reading when a read is due now, else None."""
+    def after_batch(self) -> int:
         if not self._available:
-            return None
-        now = self._clock()
-        return now if now >= self._next else None
-
-    def _measure(self, started: float) -> int:
-        began = self._cost_clock()
+            return -1
+        started = self._clock()
+        if started < self._next:
+            return -1
         value = self._read()
         if value < 0:
             self._available = False
             return -1
-        cost = self._cost_clock() - began
+        cost = self._clock() - started
         self._allowed = started + cost * COST_SHARE
         self._next = max(started + INTERVAL_S, self._allowed)
-        self._figure = value
         return value
-
-    def after_batch(self) -> int:
-        started = self._due()
-        return -1 if started is None else self._measure(started)
-
-    def finished(self) -> int:
-        """The figure of the last read, once (-1: no read since the last call)."""
-        figure, self._figure = self._figure, -1
-        return figure
-
-
-class AsideSampler(MemorySampler):
-    """A :class:`MemorySampler` whose reads after an epoch's first run on a thread of their
-    own, beside the worker's next batch: :meth:`after_batch` starts a read when one is due and
-    none is running, and returns at once (-1); :meth:`finished` gives the figure once the read
-    is over. The epoch's first read, its baseline, is made inline as before: read beside the
-    next batch, it would count that batch's growth in the baseline (a worker that copies the
-    dataset in its second batch would look as if it had not grown).
-
-    The kernel walks the page tables while the reading thread has let go of the GIL, so where
-    a CPU is free (a worker that waits on I/O, or a machine with more CPUs than busy workers)
-    the read costs the worker's batches nothing; where none is, it costs what it cost inline.
-    Measured inline on 2 cores, about 3 ms a read: 10-13 ms an epoch of each worker's time
-    (``scripts/uneven_workers.py``). The thread starts at the first read, without waiting for
-    it to run, and ends with the process (a worker process's, never joined). What a read
-    costs, for the 1% share, is the reading thread's CPU time (the kernel's walk is charged to
-    it), not its wall time, which waits for the GIL and the CPU beside the batch."""
-
-    def __init__(
-        self,
-        read: Callable[[], int] = anon_bytes,
-        clock: Callable[[], float] = time.perf_counter,
-        cost_clock: Callable[[], float] = time.thread_time,
-    ) -> None:
-        super().__init__(read, clock, cost_clock)
-        self._wake = threading.Semaphore(0)
-        self._running = False  # a read was asked for and has not finished
-        self._thread = False
-        self._baseline = True  # the epoch's first read is still to be made
-
-    def restart(self) -> None:
-        super().restart()
-        self._baseline = True
-
-    def after_batch(self) -> int:
-        if self._running:
-            return -1
-        started = self._due()
-        if started is None:
-            return -1
-        if self._baseline:
-            self._baseline = False
-            return self._measure(started)
-        self._running = True
-        if not self._thread:
-            _thread.start_new_thread(self._serve, ())
-            self._thread = True
-        self._wake.release()
-        return -1
-
-    def finished(self) -> int:
-        # While a read runs its thread may be writing the figure; none is waiting here then
-        # (this end takes each figure before it asks for the next read).
-        if self._running:
-            return -1
-        return super().finished()
-
-    def _serve(self) -> None:
-        while True:
-            self._wake.acquire()
-            try:
-                self._measure(self._clock())
-            except Exception:  # (a read that fails is a read not made, as inline)
-                self._available = False
-            finally:
-                self._running = False
 
 
 def resident_anon_bytes(path: str = "/proc/self/status") -> int:

@@ -33,7 +33,7 @@ import torch
 
 from ferry._core.alloc import Allocator
 from ferry._core.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
-from ferry._core.memory import AsideSampler, MemorySampler
+from ferry._core.memory import MemorySampler
 from ferry._core.ranks import inherit_rank_world, process_group_rank_world
 from ferry._core.rng import seed_torch
 from ferry._engine.position.cursor import WorkerCursor
@@ -265,6 +265,7 @@ class SlabEnd(WorkerEnd):
         self.slabs = slabs
         self.announce = announce
         self.memory = memory
+        self.held = -1  # this process's memory, measured after the last batch went
 
     def begin(self, freed: tuple[int, ...]) -> None:
         self.slabs.begin(freed)
@@ -292,13 +293,13 @@ class SlabEnd(WorkerEnd):
                 self.announce(slabs.announcement(slab), slab.fd)
                 slab.shared()
                 slab.announced = True
-        ids, held = tuple(s.id for s in used), self.memory.finished()
+        ids, held = tuple(s.id for s in used), self.held
         done = Done(task, payload, ids, report, timing, outcome, cpu=cpu, reads=reads, memory=held)
         self.send(done)
         slabs.handed_off(used)
-        # Measured once the batch is on its way (a read of smaps_rollup takes milliseconds), on
-        # a thread of its own: the figure goes with a later batch.
-        self.memory.after_batch()
+        # Measured once the batch is on its way (a read of smaps_rollup takes milliseconds):
+        # the figure goes with the next batch.
+        self.held = self.memory.after_batch()
 
 
 class PickleEnd(WorkerEnd):
@@ -520,7 +521,7 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
         },
     )
 
-    memory = AsideSampler()
+    memory = MemorySampler()
     end = SlabEnd(send, slabs, announce, memory) if slabs is not None else PickleEnd(send, memory)
     try:
         run_worker_loop(config, receive=inbox.get, end=end, stopping=stopping, activity=activity)
