@@ -6,7 +6,7 @@ differ by (docs/design/scaling.md). Sleeping, so that the 4 workers do not crowd
 workers, batch 8, 96 batches an epoch, ``prefetch_factor=4``, persistent workers. A warm-up
 epoch of each side, then epochs of the sides in turn; each side's median, in samples/s.
 
-    .venv/bin/python scripts/uneven_workers.py [--reps 9]
+    .venv/bin/python scripts/uneven_workers.py [--reps 9] [--src /tmp/base/src]
 
 Beside them: the round-robin bound (the slow worker's share, at its speed: where loaders that
 deal batches in turns end) and the summed rates of the workers (where none waits).
@@ -25,9 +25,11 @@ from typing import Any
 
 import torch.utils.data as tud
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+# ``--src DIR`` runs another tree's ferry (an A/B); it is read before ferry is imported.
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else None
+sys.path.insert(0, _SRC or str(Path(__file__).resolve().parents[1] / "src"))
 
-import ferry
+import ferry  # noqa: E402  (after the path is set)
 
 SLOW_S, FAST_S = 0.003, 0.002
 SAMPLES, BATCH, WORKERS = 768, 8, 4
@@ -68,6 +70,7 @@ def sides() -> dict[str, Callable[[], Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=9, help="measured epochs a side")
+    parser.add_argument("--src", help="the ferry source tree to run (default: this one's)")
     args = parser.parse_args()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # (torch: more workers than CPUs)
