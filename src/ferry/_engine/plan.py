@@ -55,7 +55,8 @@ class EpochPlan:
     # num_workers="auto" with process workers: they may give way to thread workers within the
     # epoch when the reads are measured to wait (see ThreadMove.move in tuning/switch.py).
     threads_if_waiting: bool = False
-    # balance_workers=True: the least busy worker makes the next batch (see schedule.py).
+    # balance_workers=True: the worker that would finish it first makes the next batch
+    # (see schedule.py).
     balance_workers: bool = False
 
     @property
