@@ -66,9 +66,8 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
       (see :mod:`ferry._engine.failures`).
     * ``balance_workers=True``: the next batch goes to the worker that would finish it first
       rather than to the next in turn (torch's round-robin), so workers on faster CPUs make
-      more of the epoch;
-      the order of batches is unchanged, but which worker makes a batch then depends on timing
-      (see docs/design/scaling.md). Map-style datasets, with workers.
+      more of the epoch; the order of batches is unchanged, but which worker makes a batch
+      then depends on timing (see docs/design/scaling.md). Map-style datasets, with workers.
     * ``num_workers="auto"`` / ``prefetch_factor="auto"``: chosen and tuned by the loader.
 
     It also resumes mid-epoch exactly, with the API of torchdata's ``StatefulDataLoader``:
