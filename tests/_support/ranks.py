@@ -68,29 +68,37 @@ def run_ranks(
     before rank 0 listens on it: the ranks are started once more, on another port, when a log
     says so.
     """
+    results = [out_dir / f"rank{rank}.pkl" for rank in range(world)]
     for attempt in range(2):
-        try:
-            return _run_ranks_once(command, world, out_dir, deadline_s, what)
-        except _PortTaken:
-            if attempt:
-                raise
+        codes, timed_out = _start_and_wait(command, world, out_dir, deadline_s)
+        if not timed_out and not any(codes) and all(r.exists() for r in results):
+            loaded = []
+            for path in results:
+                with path.open("rb") as f:
+                    loaded.append(pickle.load(f))
+            return loaded
+        texts = [(out_dir / f"rank{rank}.log").read_text(errors="replace") for rank in range(world)]
+        if not attempt and not timed_out and any(w in t for t in texts for w in _PORT_TAKEN):
+            for path in results:
+                path.unlink(missing_ok=True)
+            continue
+        why = f"ran past {deadline_s} s" if timed_out else "failed"
+        output = "\n".join(
+            f"--- rank {rank} (exit {code}) ---\n" + text[-6000:]
+            for rank, (code, text) in enumerate(zip(codes, texts, strict=True))
+        )
+        pytest.fail(f"{what}: a rank {why}:\n{output}")
     raise AssertionError("unreachable")
-
-
-class _PortTaken(Exception):
-    pass
 
 
 _PORT_TAKEN = ("Address already in use", "EADDRINUSE")
 
 
-def _run_ranks_once(
-    command: Callable[[int, int], list[str]],
-    world: int,
-    out_dir: Path,
-    deadline_s: float,
-    what: str,
-) -> list[Any]:
+def _start_and_wait(
+    command: Callable[[int, int], list[str]], world: int, out_dir: Path, deadline_s: float
+) -> tuple[list[int | None], bool]:
+    """The ranks started on a free port and waited for: their exit codes, and whether the
+    deadline passed (every process is reaped either way)."""
     port = free_port()
     logs = [(out_dir / f"rank{rank}.log").open("wb") for rank in range(world)]
     processes: list[subprocess.Popen[bytes]] = []
@@ -114,22 +122,4 @@ def _run_ranks_once(
         stop(processes)
         for log in logs:
             log.close()
-    codes = [p.returncode for p in processes]
-    results = [out_dir / f"rank{rank}.pkl" for rank in range(world)]
-    if timed_out or any(codes) or not all(r.exists() for r in results):
-        why = f"ran past {deadline_s} s" if timed_out else "failed"
-        texts = [(out_dir / f"rank{rank}.log").read_text(errors="replace") for rank in range(world)]
-        if not timed_out and any(words in text for text in texts for words in _PORT_TAKEN):
-            for path in results:
-                path.unlink(missing_ok=True)
-            raise _PortTaken(port)
-        output = "\n".join(
-            f"--- rank {rank} (exit {code}) ---\n" + text[-6000:]
-            for rank, (code, text) in enumerate(zip(codes, texts, strict=True))
-        )
-        pytest.fail(f"{what}: a rank {why}:\n{output}")
-    loaded = []
-    for path in results:
-        with path.open("rb") as f:
-            loaded.append(pickle.load(f))
-    return loaded
+    return [p.returncode for p in processes], timed_out
