@@ -4,7 +4,14 @@ No process or thread is started: results "arrive" when the test says so."""
 
 from __future__ import annotations
 
+import itertools
+
+import torch.utils.data.dataloader as tdl
+from hypothesis import given
+from hypothesis import strategies as st
+
 from _support.clock import Clock
+from _support.compare import HYPOTHESIS
 from ferry._engine.schedule import BALANCED_IN_FLIGHT, Scheduler, TaskId
 
 
@@ -66,8 +73,8 @@ def test_out_of_order_goes_to_the_next_in_turn_below_its_share_not_to_the_least_
     turn, passing over those that hold ``prefetch_factor * num_workers // active`` tasks; the
     turn moves past each one looked at. Not the least busy worker: worker 0, below its share
     and next in turn, gets the task although worker 1 holds none."""
-    s = Scheduler(num_workers=3, in_order=False, depth=6)  # (prefetch_factor 2)
-    s.begin_epoch(0, turn=0)
+    s = Scheduler(num_workers=3, in_order=False)
+    s.begin_epoch(0, turn=0, depth=6)  # (prefetch_factor 2)
     ids = _fill(s, 6)
     assert [s.tasks[t].worker_id for t in ids] == [0, 1, 2, 0, 1, 2]
     for done in (0, 1, 4):  # worker 0 answers one, worker 1 both of its tasks
@@ -85,8 +92,8 @@ def test_out_of_order_goes_to_the_next_in_turn_below_its_share_not_to_the_least_
 def test_out_of_order_share_grows_as_streams_end() -> None:
     """The share is of the workers still active: with one of two streams ended, the other may
     hold the whole prefetch window."""
-    s = Scheduler(num_workers=2, in_order=False, depth=4)
-    s.begin_epoch(0, turn=0)
+    s = Scheduler(num_workers=2, in_order=False)
+    s.begin_epoch(0, turn=0, depth=4)
     ids = _fill(s, 2)  # worker 0, worker 1
     s.stream_ended(1, ids[1])
     picked = [s.assign(i, f"key{i}")[1].worker_id for i in range(2, 5)]
@@ -251,3 +258,75 @@ def test_without_balance_the_pace_is_not_kept() -> None:
     s.arrived(ids[1], made_s=0.1)  # (a pace given without balance is not kept)
     assert s.pace is None
     assert [s.tasks[t].worker_id for t in ids] == [0, 1, 0, 1]
+
+
+class _TorchDispatch:
+    """The state torch's ``_MultiProcessingDataLoaderIter._try_put_index`` reads and writes,
+    with no workers: torch's own method, called on this, is the oracle of which worker gets
+    each task (``_next_index`` stands in for the sampler; the queues record the worker)."""
+
+    def __init__(self, num_workers: int, prefetch_factor: int) -> None:
+        self._num_workers = num_workers
+        self._prefetch_factor = prefetch_factor
+        self._in_order = False
+        self._tasks_outstanding = 0
+        self._send_idx = 0
+        self._task_info: dict[int, tuple[int]] = {}
+        self._workers_status = [True] * num_workers
+        self._workers_num_tasks = [0] * num_workers
+        self._worker_queue_idx_cycle = itertools.cycle(range(num_workers))
+        self._index_queues = [_Queue() for _ in range(num_workers)]
+
+    def _next_index(self) -> int:
+        return self._send_idx
+
+    def put(self) -> int:
+        """torch's dispatch of one task; the worker it went to."""
+        tdl._MultiProcessingDataLoaderIter._try_put_index(self)  # type: ignore[arg-type]
+        return self._task_info[self._send_idx - 1][0]
+
+    def hand_out(self, task: int) -> None:
+        """What torch does with a result as it hands it out (``_next_data`` receiving it, then
+        ``_process_data``), without the put that follows."""
+        worker = self._task_info.pop(task)[0]
+        self._tasks_outstanding -= 1
+        self._workers_num_tasks[worker] -= 1
+
+
+class _Queue:
+    def put(self, item: object) -> None:
+        pass
+
+
+@HYPOTHESIS
+@given(
+    workers=st.integers(1, 5),
+    prefetch=st.integers(1, 4),
+    steps=st.lists(st.tuples(st.booleans(), st.integers(0, 1_000)), min_size=1, max_size=80),
+)
+def test_out_of_order_assignment_is_torchs_over_generated_arrivals(
+    workers: int, prefetch: int, steps: list[tuple[bool, int]]
+) -> None:
+    """``in_order=False`` with torch's own dispatch as the oracle. The window is filled; then,
+    in a generated order, results arrive (any task not arrived yet: the main process may have
+    several waiting) and are handed out (the lowest arrived first), a new task after each hand
+    out. A task counts against its worker until it is handed out, as in torch, where a result
+    is received only when it is handed out. Every task goes to the worker torch's
+    ``_try_put_index`` sends it to."""
+    torch_side = _TorchDispatch(workers, prefetch)
+    s = Scheduler(num_workers=workers, in_order=False)
+    s.begin_epoch(0, turn=0, depth=prefetch * workers)
+    want = [torch_side.put() for _ in range(prefetch * workers)]
+    got = [s.assign(i, i)[1].worker_id for i in range(prefetch * workers)]
+    for hand_out, pick in steps:
+        waiting = sorted(t for t, task in s.tasks.items() if not task.arrived)
+        if waiting and not (hand_out and s.first_arrived() is not None):
+            s.arrived(waiting[pick % len(waiting)])
+            continue
+        task = s.first_arrived()
+        assert task is not None
+        s.take(task)
+        torch_side.hand_out(task)
+        got.append(s.assign(len(got), len(got))[1].worker_id)
+        want.append(torch_side.put())
+    assert got == want

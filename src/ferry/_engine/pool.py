@@ -84,9 +84,7 @@ class WorkerIterator(LoaderIterator):
             )
         super().__init__(plan, resume, budget, run)
         # Which worker makes which batch and which is handed out next (no transport).
-        self._schedule = Scheduler(
-            plan.num_workers, plan.in_order, plan.balance_workers, depth=self._depth()
-        )
+        self._schedule = Scheduler(plan.num_workers, plan.in_order, plan.balance_workers)
         self._crew = self._new_crew()
         self._incidents = Incidents(self._crew, self._schedule, self._track, self._stats)
         self._fatal: BaseException | None = None
@@ -192,7 +190,7 @@ class WorkerIterator(LoaderIterator):
         track = self._track
         self._stats.reads = self._crew.group.reads  # (None but for thread workers, map-style)
         self._stats.shared = self._crew.channel  # (what the process workers' slabs hold here)
-        self._schedule.begin_epoch(track.next_key, track.turn)
+        self._schedule.begin_epoch(track.next_key, track.turn, self._depth())
         track.open_flight(self._crew.replays)
         for _ in range(self._depth() if tasks is None else tasks):
             if not self._dispatch():

@@ -103,14 +103,13 @@ class Scheduler:
     """Tasks, the worker each is assigned to, and the order they are handed out in (see the
     module docstring)."""
 
-    def __init__(
-        self, num_workers: int, in_order: bool, balance: bool = False, depth: int = 0
-    ) -> None:
+    def __init__(self, num_workers: int, in_order: bool, balance: bool = False) -> None:
         self.num_workers = num_workers
         self.in_order = in_order
-        # The most tasks out at once (``prefetch_factor * num_workers``; 0: torch's default
-        # prefetch_factor of 2): out of order, a worker holding its share of them is passed over.
-        self.depth = depth or 2 * num_workers
+        # The most tasks out at once, the epoch's ``prefetch_factor * num_workers`` (tuned
+        # between epochs with prefetch_factor="auto"): out of order, a worker holding its
+        # share of them is passed over.
+        self.depth = 2 * num_workers
         self.tasks: dict[TaskId, Task] = {}
         self.next_id = TaskId(0)  # the id the next task gets
         self.first = TaskId(0)  # the epoch's first id: lower ids are an abandoned epoch's
@@ -126,9 +125,11 @@ class Scheduler:
 
     # -- epochs ------------------------------------------------------------------------------------
 
-    def begin_epoch(self, next_index: int, turn: int) -> None:
+    def begin_epoch(self, next_index: int, turn: int, depth: int = 0) -> None:
         """A new epoch, whose next batch index is ``next_index`` (not 0 when it resumes), with
-        worker ``turn`` next in the round-robin."""
+        worker ``turn`` next in the round-robin, and at most ``depth`` tasks out (0: torch's
+        default prefetch_factor, 2 a worker)."""
+        self.depth = depth or 2 * self.num_workers
         self.tasks = {}
         self.first = self.next_yield = self.next_id
         self._base = self.next_id - next_index
