@@ -290,6 +290,7 @@ class StatsRecorder:
         "first_wait",
         "hand_off_bytes",
         "made",
+        "memory_faults",
         "memory_first",
         "memory_latest",
         "reads",
@@ -322,6 +323,8 @@ class StatsRecorder:
         # Each process worker's memory at its first measure of the epoch and its latest.
         self.memory_first = [-1] * num_workers
         self.memory_latest = [-1] * num_workers
+        # ... and the worker's page-fault count when its latest was read (-1: not known).
+        self.memory_faults = [-1] * num_workers
         # Thread workers' shared per-sample reads (or an async dataset's), if any; process
         # workers' channel, which says what shared memory their batches hold here. The engine
         # sets them as the epoch begins; the recorder only reads them.
@@ -402,12 +405,14 @@ class StatsRecorder:
             self.cpu += cpu
             self.cpu_made += made
 
-    def worker_memory(self, worker_id: int, held: int) -> None:
-        """A process worker measured its memory (``held`` bytes; -1: it did not)."""
+    def worker_memory(self, worker_id: int, held: int, faults: int = -1) -> None:
+        """A process worker measured its memory (``held`` bytes; -1: it did not), read when
+        it had taken ``faults`` page faults (-1: not known)."""
         if held >= 0:
             if self.memory_first[worker_id] < 0:
                 self.memory_first[worker_id] = held
             self.memory_latest[worker_id] = held
+            self.memory_faults[worker_id] = faults
 
     def memory_growth(self) -> tuple[int, int, int]:
         """``(grown, made, total)``: how many bytes the workers measured this epoch grew by
@@ -424,6 +429,7 @@ class StatsRecorder:
     def worker_restarted(self, worker_id: int) -> None:
         """Worker ``worker_id`` is a new process: its memory is measured afresh."""
         self.memory_first[worker_id] = self.memory_latest[worker_id] = -1
+        self.memory_faults[worker_id] = -1
 
     def worker_made(self, worker_id: int, timing: Any) -> None:
         """A worker's figures for one batch it made (a ``ferry._engine.work.fetch.Timing``)."""

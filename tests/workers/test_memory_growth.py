@@ -9,9 +9,11 @@ and the doctor advises threads (its rule is tested in ``test_doctor.py``).
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,13 @@ def test_this_process_has_a_measure() -> None:
     assert memory.resident_anon_bytes() > 0
 
 
+def _faulting() -> Callable[[], int]:
+    """A process's fault count that grows by :data:`memory.QUIET_FAULTS` at each look: its
+    memory may have changed every time, so every read that is due is made."""
+    count = itertools.count(0, memory.QUIET_FAULTS)
+    return lambda: next(count)
+
+
 def test_a_worker_measures_after_the_first_batch_then_at_most_four_times_a_second() -> None:
     now = [0.0]
     reads: list[float] = []
@@ -91,7 +100,7 @@ def test_a_worker_measures_after_the_first_batch_then_at_most_four_times_a_secon
         now[0] += 0.002  # a read takes 2 ms
         return 100
 
-    sampler = MemorySampler(read, lambda: now[0])
+    sampler = MemorySampler(read, lambda: now[0], _faulting())
     assert sampler.after_batch() == 100  # the first batch: the baseline
     now[0] += 0.2
     assert sampler.after_batch() == -1  # not a quarter of a second yet
@@ -113,7 +122,7 @@ def test_a_new_epoch_does_not_buy_a_read_beyond_the_share() -> None:
         now[0] += 0.006  # 6 ms a read: at most one every 0.6 s
         return 100
 
-    sampler = MemorySampler(read, lambda: now[0])
+    sampler = MemorySampler(read, lambda: now[0], _faulting())
     assert sampler.after_batch() == 100
     for _ in range(10):  # 50 ms epochs
         now[0] += 0.05
@@ -150,6 +159,31 @@ def test_the_end_of_an_epoch_reads_the_workers_within_the_share(
     assert stats.memory_latest[0] > 1
 
 
+@linux
+def test_the_end_of_an_epoch_reads_only_the_workers_that_faulted_since(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker whose fault count (in /proc/<pid>/stat, microseconds to read) grew by fewer
+    than QUIET_FAULTS since its latest figure was read keeps that figure: it cannot have
+    grown. Only the others' smaps_rollup is read (milliseconds each)."""
+    monkeypatch.setattr(switch._ReadCost, "seconds", 0.0)
+    now = [0.0]
+    stats = StatsRecorder(2, clock=lambda: now[0])
+    pid = os.getpid()  # (this process stands in for both workers)
+    stats.worker_memory(0, 1, memory.process_faults(pid))  # read just now
+    stats.worker_memory(1, 1, memory.process_faults(pid) - memory.QUIET_FAULTS)  # long ago
+    read: list[str] = []
+    real = switch.read_side_by_side
+    monkeypatch.setattr(
+        switch, "read_side_by_side", lambda paths: read.extend(paths) or real(paths)
+    )
+    now[0] = 10.0
+    switch.measure_at_end(stats, [(0, pid), (1, pid)])
+    assert read == [f"/proc/{pid}/smaps_rollup"]
+    assert stats.memory_latest[0] == 1  # its figure stands
+    assert stats.memory_latest[1] > 1  # read
+
+
 @pytest.mark.timeout(30)
 def test_the_workers_memory_is_read_side_by_side() -> None:
     """Each path is read by one of up to 8 threads (this one among them); a path that gives
@@ -174,7 +208,7 @@ def test_a_slow_measure_is_taken_less_often() -> None:
         now[0] += 0.05  # 50 ms a read (a huge process): at most every 5 s (1% of the time)
         return 1
 
-    sampler = MemorySampler(read, lambda: now[0])
+    sampler = MemorySampler(read, lambda: now[0], _faulting())
     assert sampler.after_batch() == 1
     now[0] += 2.0
     assert sampler.after_batch() == -1
@@ -188,6 +222,63 @@ def test_no_measure_where_the_system_has_none() -> None:
     assert sampler.after_batch() == -1
     assert sampler.after_batch() == -1
     assert len(calls) == 1  # not asked again
+
+
+def test_a_worker_that_faulted_in_no_pages_keeps_its_last_figure() -> None:
+    """Memory becomes a process's own only through page faults, which the kernel counts: a
+    read that is due is skipped, and its last figure stands, while the worker took fewer than
+    QUIET_FAULTS faults since; past them, or after STALE_S, it is read again."""
+    now, faults = [0.0], [1000]
+    reads: list[float] = []
+
+    def read() -> int:
+        reads.append(now[0])
+        faults[0] += 3  # (what reading it faults in does not count)
+        return 100 + len(reads)
+
+    sampler = MemorySampler(read, lambda: now[0], lambda: faults[0])
+    assert sampler.after_batch() == 101  # the first: read
+    assert sampler.faults == 1003
+    now[0] += 0.3
+    faults[0] += memory.QUIET_FAULTS - 1
+    assert sampler.after_batch() == 101  # due, but nothing could have grown: the figure stands
+    now[0] += 0.1
+    assert sampler.after_batch() == -1  # (and it was due: the next is a quarter of a second on)
+    now[0] += 0.2
+    faults[0] += 1  # QUIET_FAULTS since the read
+    assert sampler.after_batch() == 102
+    assert len(reads) == 2
+    sampler.restart()  # a new epoch: its baseline is the figure that stands
+    now[0] += 0.3
+    assert sampler.after_batch() == 102
+    now[0] += memory.STALE_S  # not a fault since, but it is old: a huge page needs one fault
+    assert sampler.after_batch() == 103
+    assert len(reads) == 3
+
+
+def test_a_worker_whose_faults_are_not_known_reads_whenever_due() -> None:
+    now = [0.0]
+    sampler = MemorySampler(lambda: 100, lambda: now[0], lambda: -1)
+    reads = 0
+    for _ in range(5):
+        now[0] += 1.0
+        reads += sampler.after_batch() == 100
+    assert reads == 5
+    assert sampler.faults == -1
+    assert not memory.unchanged_since(-1, -1)
+    assert not memory.unchanged_since(10, -1)
+    assert not memory.unchanged_since(10, 9)  # (a count that went back: another process)
+
+
+@linux
+def test_a_process_fault_count_is_read_from_proc() -> None:
+    before = memory.fault_count()
+    touched = bytearray(64 << 20)  # 64 MiB made resident: thousands of faults (or huge pages)
+    touched[:: 1 << 12] = b"x" * len(range(0, len(touched), 1 << 12))
+    mine = memory.process_faults(os.getpid())
+    assert before < mine <= memory.fault_count()
+    assert not memory.unchanged_since(before, mine)
+    assert memory.process_faults(0) == -1  # (no such process)
 
 
 # --- when num_workers="auto" moves to threads ---------------------------------------------------

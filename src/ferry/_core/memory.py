@@ -19,6 +19,14 @@ worker's working set is in place) and then at most four times a second, and neve
 of its time; the figure travels with the batch (``Done.memory``). The main process keeps the
 first and latest figure of each worker (``ferry.stats``), which is what ``stats()``, the
 doctor and ``num_workers="auto"`` read.
+
+A page becomes resident, or a copy of its own, only through a page fault, and the kernel counts
+a process's faults for nothing (``getrusage``, ``/proc/<pid>/stat``). So a read that is due is
+skipped while the process has taken fewer than :data:`QUIET_FAULTS` faults since the last one:
+the last figure stands, at no cost. A worker in its steady state (its batches made in slabs it
+reuses) faults a few pages a batch and is read every :data:`STALE_S` at most; copy-on-write,
+which faults a page at each copy, is read as before. On 2 cores the reads were about 2% of a
+sleeping workload's rate (``scripts/uneven_workers.py``, docs/design/scaling.md).
 """
 
 from __future__ import annotations
@@ -32,9 +40,12 @@ __all__ = [
     "MemorySampler",
     "anon_bytes",
     "available_memory",
+    "fault_count",
     "growth_verdict",
     "proc_kb",
+    "process_faults",
     "resident_anon_bytes",
+    "unchanged_since",
 ]
 
 # Workers whose memory grew this much on average during an epoch (after their first batch):
@@ -44,6 +55,12 @@ COPY_ON_WRITE = 64 << 20
 INTERVAL_S = 0.25
 # ... and never for more than 1 / this of the worker's time.
 COST_SHARE = 100
+# A due read is skipped while the process took fewer page faults than this since the last
+# read (the figure can have grown by no more than as many pages: 1 MiB of 4 KiB pages) ...
+QUIET_FAULTS = 256
+# ... unless the last read is this old: a fault can map a 2 MiB huge page, and the kernel's
+# khugepaged fills huge pages without faults of the process's own.
+STALE_S = 10.0
 
 _ROLLUP = "/proc/self/smaps_rollup"
 
@@ -75,6 +92,36 @@ def anon_bytes(path: str = _ROLLUP) -> int:
     return -1
 
 
+def fault_count() -> int:
+    """The page faults this process has taken, minor and major, all its threads together
+    (-1: not known here)."""
+    try:
+        from resource import RUSAGE_SELF, getrusage
+    except ImportError:  # (not Unix: no counts, so every read that is due is made)
+        return -1
+    usage = getrusage(RUSAGE_SELF)
+    return usage.ru_minflt + usage.ru_majflt
+
+
+def process_faults(pid: int) -> int:
+    """:func:`fault_count` of process ``pid``, from its ``/proc/<pid>/stat`` (-1: not known,
+    or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+        # After the name in parentheses: state, then fields 4 to 52; minflt is 10, majflt 12.
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        return int(fields[7]) + int(fields[9])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def unchanged_since(faults_then: int, faults_now: int) -> bool:
+    """Whether a process's anonymous memory cannot have grown by more than
+    :data:`QUIET_FAULTS` pages between two fault counts (False when either is not known)."""
+    return faults_then >= 0 and 0 <= faults_now - faults_then < QUIET_FAULTS
+
+
 def available_memory() -> int | None:
     """Bytes the kernel says can be allocated without swapping (``MemAvailable``), if known:
     what slabs are checked against before they are committed (more would wake the OOM killer
@@ -84,16 +131,23 @@ def available_memory() -> int | None:
 
 class MemorySampler:
     """When a worker reads its memory: after the first batch of an epoch, then at most four
-    times a second and within 1% of its time. :meth:`after_batch` returns the figure, or -1 when it
-    was not read (not due, or not available on this system)."""
+    times a second and within 1% of its time, and only where it faulted pages in since the last
+    read (see the module docstring). :meth:`after_batch` returns the figure (the last one read,
+    when nothing could have changed it), or -1 when none is due (or the system has none);
+    ``faults`` is the process's fault count when that figure was read."""
 
     def __init__(
         self,
         read: Callable[[], int] = anon_bytes,
         clock: Callable[[], float] = time.perf_counter,
+        faults: Callable[[], int] = fault_count,
     ) -> None:
         self._read = read
         self._clock = clock
+        self._faults = faults
+        self.value = -1  # the last figure read
+        self.faults = -1  # the fault count as it was read
+        self._read_at = 0.0
         self._next = 0.0  # due at once
         # When the 1% share allows the next read (the cost part of ``_next``): a new epoch
         # does not buy another read sooner. Persistent workers of short epochs read at every
@@ -112,6 +166,13 @@ class MemorySampler:
         started = self._clock()
         if started < self._next:
             return -1
+        if (
+            self.value >= 0
+            and started - self._read_at < STALE_S
+            and unchanged_since(self.faults, self._faults())
+        ):
+            self._next = max(started + INTERVAL_S, self._allowed)
+            return self.value
         value = self._read()
         if value < 0:
             self._available = False
@@ -119,6 +180,8 @@ class MemorySampler:
         cost = self._clock() - started
         self._allowed = started + cost * COST_SHARE
         self._next = max(started + INTERVAL_S, self._allowed)
+        # (counted after the read: what reading it faulted in is not the worker's growth)
+        self.value, self.faults, self._read_at = value, self._faults(), started
         return value
 
 

@@ -436,7 +436,7 @@ class WorkerIterator(LoaderIterator):
         stats.worker_made(worker_id, done.timing)
         stats.cpu_used(done.timing.made_s, done.cpu)
         if done.memory >= 0:
-            stats.worker_memory(worker_id, done.memory)
+            stats.worker_memory(worker_id, done.memory, done.memory_faults)
         self._auto.switch.after(done, task.key, stats, self.__len__)
         task.outcome = done.outcome
         if done.empty:

@@ -266,6 +266,7 @@ class SlabEnd(WorkerEnd):
         self.announce = announce
         self.memory = memory
         self.held = -1  # this process's memory, measured after the last batch went
+        self.held_faults = -1  # its fault count when that figure was read
 
     def begin(self, freed: tuple[int, ...]) -> None:
         self.slabs.begin(freed)
@@ -293,25 +294,34 @@ class SlabEnd(WorkerEnd):
                 self.announce(slabs.announcement(slab), slab.fd)
                 slab.shared()
                 slab.announced = True
-        ids, held = tuple(s.id for s in used), self.held
-        done = Done(task, payload, ids, report, timing, outcome, cpu=cpu, reads=reads, memory=held)
+        ids = tuple(s.id for s in used)
+        done = Done(
+            task,
+            payload,
+            ids,
+            report,
+            timing,
+            outcome,
+            cpu=cpu,
+            reads=reads,
+            memory=self.held,
+            memory_faults=self.held_faults,
+        )
         self.send(done)
         slabs.handed_off(used)
         # Measured once the batch is on its way (a read of smaps_rollup takes milliseconds):
         # the figure goes with the next batch.
         self.held = self.memory.after_batch()
+        self.held_faults = self.memory.faults
 
 
 class PickleEnd(WorkerEnd):
-    """A process worker's end where shared-memory slabs are not supported: batches are pickled
-    whole through its pipe; its memory is measured as a :class:`SlabEnd`'s."""
+    """A process worker's end where shared-memory slabs are not supported (no
+    ``memfd_create``: macOS): batches are pickled whole through its pipe. Its memory is not
+    measured: those systems have no ``smaps_rollup`` either."""
 
-    def __init__(self, send: Callable[[Any], None], memory: MemorySampler) -> None:
+    def __init__(self, send: Callable[[Any], None]) -> None:
         super().__init__(send, None)
-        self.memory = memory
-
-    def resume(self, freed: tuple[int, ...]) -> None:
-        self.memory.restart()
 
 
 def run_worker_loop(
@@ -521,8 +531,7 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
         },
     )
 
-    memory = MemorySampler()
-    end = SlabEnd(send, slabs, announce, memory) if slabs is not None else PickleEnd(send, memory)
+    end = SlabEnd(send, slabs, announce, MemorySampler()) if slabs is not None else PickleEnd(send)
     try:
         run_worker_loop(config, receive=inbox.get, end=end, stopping=stopping, activity=activity)
         send(Stop())  # leaving: the main process waits for the interpreter to finish

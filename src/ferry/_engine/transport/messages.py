@@ -171,8 +171,10 @@ class Done:
     # and their count (what num_workers="auto" judges instead; see fetch._TimedFetch.parallel).
     reads: tuple[float, float, int] | None = None
     # The process worker's share of anonymous memory in bytes, measured after its previous
-    # batch went (-1: not measured; see ferry._core.memory, which says when it is).
+    # batch went (-1: not measured; see ferry._core.memory, which says when it is), and the
+    # process's page-fault count when that figure was read.
     memory: int = -1
+    memory_faults: int = -1
 
 
 @dataclass(frozen=True)

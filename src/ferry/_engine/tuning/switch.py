@@ -37,7 +37,9 @@ from ferry._core.memory import (
     anon_bytes,
     available_memory,
     growth_verdict,
+    process_faults,
     resident_anon_bytes,
+    unchanged_since,
 )
 from ferry._engine.crew.crew import Crew
 from ferry._engine.crew.kinds import ThreadWorkers
@@ -285,8 +287,16 @@ def measure_at_end(stats: StatsRecorder, pids: list[tuple[int, int | None]]) -> 
     50 ms epoch of 2 persistent workers spent 11-16 ms of the main process's CPU on it, and 15
     workers took about 100 ms at every epoch's end (83-126 ms from the last sample to the end
     of a 7.5 s epoch on a 16-vCPU host, against torch's 32-41). The reads run side by side
-    (:func:`read_side_by_side`): the workers' CPUs are idle at an epoch's end."""
-    due = [(w, pid) for w, pid in pids if pid is not None and stats.measured_memory(w)]
+    (:func:`read_side_by_side`): the workers' CPUs are idle at an epoch's end. A worker that
+    faulted in next to no pages since its latest figure was read (:func:`unchanged_since`; its
+    ``/proc/<pid>/stat`` takes microseconds to read) keeps that figure: it cannot have grown."""
+    due = [
+        (w, pid)
+        for w, pid in pids
+        if pid is not None
+        and stats.measured_memory(w)
+        and not unchanged_since(stats.memory_faults[w], process_faults(pid))
+    ]
     epoch = stats.clock() - stats.started
     if not due or _ReadCost.seconds * len(due) * COST_SHARE > epoch:
         return
