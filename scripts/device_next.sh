@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Issue 33's next call on a GPU host, in the order of what it settles, within DEADLINE seconds
+# (default 540: one device command may run 600). Each step gets what time is left and writes
+# into OUT_DIR as it goes, so a call cut short keeps the steps done.
+#
+#   scripts/device_next.sh OUT_DIR
+#
+# 1. bench/: the scaling mode at 15 and 8 workers, jpeg only, no thread workers, 7 measured
+#    epochs a loader (ferry against torch at 8 and 15 workers, and the share of the roof), after
+#    scripts/cpu_speeds.py (whether the vCPUs' speed belongs to the CPU, and whether moving the
+#    workers round them evens it out): gpu_host_bench.sh with CPU_SPEEDS=1 WORKERS=15,8
+#    ONLY=jpeg NO_THREADS=1 REPS=7.
+# 2. nudged.txt: torch's and ferry's workers at 15, moved one CPU on every 50 ms
+#    (scaling_costs.py --nudge-ms 50), beside the unnudged rows of step 1.
+# 3. long.txt: long epochs at 15 workers (240 batches), where the workers' memory reads at an
+#    epoch's end made ferry's end 83-126 ms after the last sample against torch's 32-41.
+#
+# Environment: PYTHON (default python3), DEADLINE, FEED (gpu, the default, or cpu: a smoke
+# test without CUDA), QUICK=1 (tiny rows: a smoke test of the script itself, figures
+# meaningless). docs/design/scaling.md ("What stays unverified") says how to read the output.
+set -u
+
+out="${1:-${OUT:-device-next-$(date -u +%Y%m%dT%H%M%SZ)}}"
+python="${PYTHON:-python3}"
+deadline=$(($(date +%s) + ${DEADLINE:-540}))
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+mkdir -p "$out" || exit 2
+out="$(cd "$out" && pwd)"
+cd "$repo" || exit 2
+export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"
+
+gpu=(--gpu)
+[ "${FEED:-gpu}" = cpu ] && gpu=()
+if [ -n "${QUICK:-}" ]; then
+  bench=(QUICK=1 WORKERS=2 REPS=1 LIMIT=60)
+  workers=(--workers 2) long=(--samples 512 --epochs 1)
+else
+  bench=(WORKERS=15,8 REPS=7 LIMIT=300)
+  workers=(--workers 15) long=(--samples 30720 --epochs 2)
+fi
+
+left() { echo $((deadline - $(date +%s))); }
+
+# 1. (gpu_host_bench.sh bounds itself: LIMIT for the bench, 120 s more for cpu_speeds.py)
+if [ "$(left)" -gt 60 ]; then
+  env "${bench[@]}" CPU_SPEEDS=1 ONLY=jpeg NO_THREADS=1 FEED="${FEED:-gpu}" PYTHON="$python" \
+    scripts/gpu_host_bench.sh "$out/bench" >"$out/bench.log" 2>&1
+  echo "device_next: 1. bench exit $?, $(left) s left" | tee -a "$out/steps.txt"
+fi
+# 2. and 3.: each with the time left, 10 s kept for the end
+for step in nudged long; do
+  budget=$(($(left) - 10))
+  if [ "$budget" -lt 30 ]; then
+    echo "device_next: $step left out (${budget} s left)" | tee -a "$out/steps.txt"
+    continue
+  fi
+  if [ "$step" = nudged ]; then
+    options=("${workers[@]}" --epochs 3 --nudge-ms 50)
+  else
+    options=("${workers[@]}" "${long[@]}")
+  fi
+  timeout -k 5 "$budget" "$python" scripts/scaling_costs.py --workload jpeg "${gpu[@]}" \
+    --loader torch ferry "${options[@]}" >"$out/$step.txt" 2>&1
+  echo "device_next: $step exit $?, $(left) s left" | tee -a "$out/steps.txt"
+done
+cat "$out/bench/table.txt" "$out/nudged.txt" "$out/long.txt" 2>/dev/null
