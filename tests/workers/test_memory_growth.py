@@ -181,7 +181,11 @@ def test_the_end_of_an_epoch_reads_only_the_workers_that_faulted_since(
     switch.measure_at_end(stats, [(0, pid), (1, pid)])
     assert read == [f"/proc/{pid}/smaps_rollup"]
     assert stats.memory_latest[0] == 1  # its figure stands
-    assert stats.memory_latest[1] > 1  # read
+    assert stats.memory_latest[1] > 1  # read, with the fault count it was read at
+    assert stats.memory_faults[1] >= 0
+    read.clear()
+    switch.measure_at_end(stats, [(0, pid), (1, pid)])
+    assert read == []  # neither faulted since
 
 
 @pytest.mark.timeout(30)

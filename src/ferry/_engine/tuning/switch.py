@@ -290,20 +290,21 @@ def measure_at_end(stats: StatsRecorder, pids: list[tuple[int, int | None]]) -> 
     (:func:`read_side_by_side`): the workers' CPUs are idle at an epoch's end. A worker that
     faulted in next to no pages since its latest figure was read (:func:`unchanged_since`; its
     ``/proc/<pid>/stat`` takes microseconds to read) keeps that figure: it cannot have grown."""
-    due = [
-        (w, pid)
-        for w, pid in pids
-        if pid is not None
-        and stats.measured_memory(w)
-        and not unchanged_since(stats.memory_faults[w], process_faults(pid))
-    ]
     epoch = stats.clock() - stats.started
+    if _ReadCost.seconds * COST_SHARE > epoch:
+        return  # (not one read fits: the fault counts are not looked at either)
+    due: list[tuple[int, int, int]] = []
+    for worker_id, pid in pids:
+        if pid is not None and stats.measured_memory(worker_id):
+            faults = process_faults(pid)
+            if not unchanged_since(stats.memory_faults[worker_id], faults):
+                due.append((worker_id, pid, faults))
     if not due or _ReadCost.seconds * len(due) * COST_SHARE > epoch:
         return
     started = time.perf_counter()
-    found = read_side_by_side([f"/proc/{pid}/smaps_rollup" for _, pid in due])
-    for (worker_id, _), anon in zip(due, found, strict=True):
-        stats.worker_memory(worker_id, anon)
+    found = read_side_by_side([f"/proc/{pid}/smaps_rollup" for _, pid, _ in due])
+    for (worker_id, _, faults), anon in zip(due, found, strict=True):
+        stats.worker_memory(worker_id, anon, faults)
     _ReadCost.seconds = (time.perf_counter() - started) / len(due)
 
 
