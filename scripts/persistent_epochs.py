@@ -123,8 +123,10 @@ def run(
 def _ab(args: argparse.Namespace) -> None:
     keys = ("ms", "main_cpu_ms", "main_faults", "workers_cpu_ms", "workers_faults")
     got: dict[str, dict[str, list[float]]] = {src: {k: [] for k in keys} for src in args.src}
-    for _ in range(args.rounds):
-        for src in args.src:
+    for round_ in range(args.rounds):
+        # Each tree goes first in turn (the first of a round was favoured: ab_throughput.py).
+        shift = round_ % len(args.src)
+        for src in args.src[shift:] + args.src[:shift]:
             env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
             out = subprocess.run(
                 [
