@@ -43,6 +43,7 @@ __all__ = [
     "fault_count",
     "growth_verdict",
     "proc_kb",
+    "proc_stat",
     "process_faults",
     "resident_anon_bytes",
     "unchanged_since",
@@ -103,16 +104,24 @@ def fault_count() -> int:
     return usage.ru_minflt + usage.ru_majflt
 
 
+def proc_stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (which may hold spaces and
+    parentheses): the state first, so field ``n`` of proc(5) is at ``n - 3``. Empty when the
+    file cannot be read (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
+            return file.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def process_faults(pid: int) -> int:
     """:func:`fault_count` of process ``pid``, from its ``/proc/<pid>/stat`` (-1: not known,
     or the process is gone)."""
+    fields = proc_stat(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            stat = file.read()
-        # After the name in parentheses: state, then fields 4 to 52; minflt is 10, majflt 12.
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        return int(fields[7]) + int(fields[9])
-    except (OSError, ValueError, IndexError):
+        return int(fields[7]) + int(fields[9])  # minflt (field 10) and majflt (12)
+    except (ValueError, IndexError):
         return -1
 
 

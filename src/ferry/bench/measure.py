@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from ferry._cli import batch_leaves
+from ferry._core.memory import proc_stat
 from ferry._core.rng import tensor_bytes
 
 __all__ = [
@@ -94,13 +95,10 @@ def descendants(pid: int | None = None, depth: int | None = None) -> list[int]:
 
 
 def _proc_cpu_seconds(pid: int) -> float:
-    text = _read(f"/proc/{pid}/stat")
-    if text is None:
+    fields = proc_stat(pid)
+    if not fields:
         return 0.0
-    # Fields after the parenthesised command name (which may contain spaces); utime and stime
-    # are fields 14 and 15 of the whole line, 12 and 13 after the name.
-    fields = text.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime (field 14) and stime (15)
 
 
 def _reaped_children_cpu_seconds() -> float:

@@ -266,7 +266,6 @@ class SlabEnd(WorkerEnd):
         self.announce = announce
         self.memory = memory
         self.held = -1  # this process's memory, measured after the last batch went
-        self.held_faults = -1  # its fault count when that figure was read
 
     def begin(self, freed: tuple[int, ...]) -> None:
         self.slabs.begin(freed)
@@ -305,14 +304,13 @@ class SlabEnd(WorkerEnd):
             cpu=cpu,
             reads=reads,
             memory=self.held,
-            memory_faults=self.held_faults,
+            memory_faults=self.memory.faults,  # (when ``held`` was read)
         )
         self.send(done)
         slabs.handed_off(used)
         # Measured once the batch is on its way (a read of smaps_rollup takes milliseconds):
         # the figure goes with the next batch.
         self.held = self.memory.after_batch()
-        self.held_faults = self.memory.faults
 
 
 class PickleEnd(WorkerEnd):
