@@ -15,8 +15,13 @@ leaving out those it inherited from this process when it was forked (earlier tes
 from __future__ import annotations
 
 import gc
+import io
+import mmap
 import os
+import pickle
 import re
+import struct
+import threading
 from typing import Any
 
 import pytest
@@ -332,3 +337,109 @@ def test_persistent_workers_keep_their_slabs_from_epoch_to_epoch() -> None:
         grown = [_minor_faults(pid) - before for pid, before in zip(pids, faults, strict=True)]
         assert max(grown) < 256, (epoch, grown)
     del batch, iterator
+
+
+# -- decoding a batch: its tensors over the slabs, each slab lent until its last tensor goes ------
+
+
+class _Refs(pickle.Pickler):
+    """Pickles a batch as a worker does: each tensor of ``at`` by reference to its place."""
+
+    def __init__(self, file: io.BytesIO, at: dict[int, tuple[int, int]]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.at = at
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and id(obj) in self.at:
+            slab_id, offset = self.at[id(obj)]
+            return ("ferry-slab", slab_id, offset, obj.dtype, tuple(obj.shape), obj.stride())
+        return None
+
+
+def _slab_maps(*sizes: int) -> tuple[shm.SlabMaps, list[mmap.mmap]]:
+    maps, mappings = shm.SlabMaps(), [mmap.mmap(-1, size) for size in sizes]
+    for slab_id, mapping in enumerate(mappings):
+        maps._keep(NewSlab(slab_id, len(mapping)), mapping)
+    return maps, mappings
+
+
+def _place(mapping: mmap.mmap, offset: int, tensor: torch.Tensor) -> None:
+    data = tensor.contiguous().view(torch.uint8).numpy().tobytes()
+    mapping[offset : offset + len(data)] = data
+
+
+@pytest.mark.timeout(10)
+def test_a_batch_decodes_to_tensors_over_its_slabs_each_lent_until_its_last_tensor_goes() -> None:
+    maps, mappings = _slab_maps(4096, 4096, 4096)
+    first = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    second = torch.tensor([True, False, True])
+    third = torch.arange(6, dtype=torch.int64).reshape(2, 3).t()  # not contiguous
+    _place(mappings[0], 0, first)
+    _place(mappings[0], 64, second)
+    _place(mappings[1], 128, third.t())  # (its storage, as the worker's slab holds it)
+    at = {id(first): (0, 0), id(second): (0, 64), id(third): (1, 128)}
+    payload = io.BytesIO()
+    _Refs(payload, at).dump({"a": first, "b": [second, first], "c": third, "n": 7})
+    # Slab 2 is listed with the batch but holds none of its tensors: freed at once.
+    batch = maps.decode(payload.getvalue(), (0, 1, 2))
+    assert torch.equal(batch["a"], first)
+    assert batch["b"][1] is batch["a"]
+    assert torch.equal(batch["b"][0], second)
+    assert batch["b"][0].dtype == torch.bool
+    assert torch.equal(batch["c"], third)
+    assert batch["c"].stride() == third.stride()
+    assert batch["n"] == 7
+    assert sorted(maps._lent) == [0, 1]
+    assert maps._freed == [2]
+    assert maps._recent[-1] == 48 + 3 + 48  # the bytes the tensors span
+    batch["a"][0, 0] = 100.0  # over the slab: no copy was made
+    assert struct.unpack_from("f", mappings[0], 0) == (100.0,)
+
+    a, b, c = batch["a"], batch["b"][0], batch["c"]
+    del batch
+    gc.collect()
+    assert sorted(maps._lent) == [0, 1]  # every one is still held
+    del a
+    assert 0 in maps._lent  # slab 0 still holds b
+    holder = [b]
+    del b
+
+    def drop() -> None:
+        holder.clear()  # the last tensor over slab 0 goes in another thread
+
+    done = threading.Thread(target=drop)
+    done.start()
+    done.join(5)
+    assert sorted(maps._freed) == [0, 2]
+    assert sorted(maps._lent) == [1]
+    del c
+    assert sorted(maps._freed) == [0, 1, 2]
+    assert not maps._lent
+
+
+@pytest.mark.timeout(10)
+def test_a_batch_without_slabs_is_plain_pickle() -> None:
+    maps, _ = _slab_maps(4096)
+    assert maps.decode(pickle.dumps([1, torch.ones(2)]), ())[0] == 1
+    assert not maps._lent
+    assert not maps._freed
+
+
+@pytest.mark.timeout(10)
+def test_a_one_batch_slab_is_unmapped_when_its_last_tensor_goes() -> None:
+    maps = shm.SlabMaps()
+    mapping = mmap.mmap(-1, 8192)
+    maps._keep(NewSlab(0, 8192, reuse=False), mapping)
+    tensor = torch.arange(4, dtype=torch.int32)
+    _place(mapping, 0, tensor)
+    payload = io.BytesIO()
+    _Refs(payload, {id(tensor): (0, 0)}).dump(tensor)
+    del mapping
+    got = maps.decode(payload.getvalue(), (0,))
+    assert torch.equal(got, tensor)
+    assert maps.held_bytes() == 8192
+    del got
+    gc.collect()
+    assert not maps._maps
+    assert not maps._freed
+    assert maps.held_bytes() == 0

@@ -5,8 +5,8 @@ back or retired.
 the announcement) and keeps the mapping, so a slab the worker writes again costs no new mapping
 and no page faults here. :meth:`SlabMaps.decode` turns a batch's slab references back into
 tensors over the mapping, without a copy. A slab is *lent* with its batch and *freed* once every
-tensor of that batch made from it is gone (a weak reference to the ``memoryview`` each tensor
-was made from, as in :mod:`ferry._core.alloc`).
+tensor of that batch made from it is gone: the batch's tensors in one slab are all made over one
+``memoryview`` of it, whose weak reference says when the last of them went (:class:`_Lease`).
 
 A slab larger than ``shm.REUSE_LIMIT`` carries one batch (``NewSlab.reuse`` is false): the
 worker let go of it once the batch was sent, and it is unmapped here as soon as the batch is
@@ -67,19 +67,51 @@ def extent_bytes(shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int)
 
 
 class _Lease:
-    """One batch's use of one slab: free again when its last tensor is gone."""
+    """One batch's use of one slab: free again when the last tensor over it is gone.
 
-    __slots__ = ("count", "done", "key")
+    Every tensor of the batch in that slab is made over one ``memoryview`` of the slab (each
+    tensor holds it), watched by a weak reference whose callback releases the slab. The lease
+    (and so the reference) is kept in its :class:`SlabMaps`'s ``_lent`` until then: a plain
+    callback reference, not ``weakref.finalize``, which costs a few microseconds a batch more,
+    in a global registry and an exit hook that a lease does not need.
+    """
 
-    def __init__(self, key: int, done: Callable[[int], None]) -> None:
+    __slots__ = ("done", "key", "ref", "view")
+
+    def __init__(self, key: int, mapping: Any, done: Callable[[int], None]) -> None:
         self.key = key
-        self.count = 0
+        self.view: memoryview | None = memoryview(mapping)
+        self.ref: weakref.ref[memoryview] | None = None
         self.done = done
 
-    def release(self) -> None:
-        self.count -= 1
-        if self.count == 0:
-            self.done(self.key)
+    def returned(self, ref: weakref.ref[memoryview]) -> None:
+        """The batch's last tensor over the slab is gone (in whichever thread dropped it)."""
+        self.done(self.key)
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickles one batch, making its slab references tensors over the leases' views."""
+
+    def __init__(self, file: io.BytesIO, leases: dict[int, _Lease]) -> None:
+        super().__init__(file)
+        self.leases = leases
+        self.loaded: dict[Any, torch.Tensor] = {}
+        self.used: set[int] = set()  # the slabs its tensors are over
+        self.nbytes = 0  # the bytes of the slabs they span
+
+    def persistent_load(self, pid: Any) -> torch.Tensor:
+        # The same reference twice is the same tensor object twice, as it was pickled.
+        tensor = self.loaded.get(pid)
+        if tensor is not None:
+            return tensor
+        _, slab_id, offset, dtype, shape, stride = pid
+        itemsize = dtype.itemsize
+        count = extent_bytes(shape, stride, itemsize) // itemsize
+        self.nbytes += count * itemsize
+        self.used.add(slab_id)
+        flat = torch.frombuffer(self.leases[slab_id].view, dtype=dtype, count=count, offset=offset)
+        tensor = self.loaded[pid] = flat.as_strided(shape, stride)
+        return tensor
 
 
 class SlabMaps:
@@ -92,7 +124,7 @@ class SlabMaps:
         # released in whichever thread drops a batch's last tensor, also from a garbage
         # collection inside this class's own code: hence a lock this thread may take again.
         self._freed: list[int] = []
-        self._lent: set[int] = set()
+        self._lent: dict[int, _Lease] = {}  # slab id: the lease of the batch over it
         self._once: set[int] = set()  # slabs that carry one batch (NewSlab.reuse is false)
         self._lock = threading.RLock()
         self._retired: list[int] = []  # decided, not told to the worker yet
@@ -194,8 +226,10 @@ class SlabMaps:
                 return ()
             freed, self._freed = self._freed, []
             lent = len(self._lent)
+            if self._once:  # (lent here: counted below among the slabs it carries once)
+                lent -= len(self._once.intersection(self._lent))
         need = max(self._recent, default=0)
-        usable = sorted((s for s in freed if self._sizes[s] >= need), key=self._sizes.__getitem__)
+        sizes = self._sizes
         # The worker's own: neither lent nor freed here (idle, or under a task in progress).
         own = len(self._maps) - len(self._once) - lent - len(freed)
         room = max(0, max(self._peak, 1) * self._per_batch - own)
@@ -205,6 +239,9 @@ class SlabMaps:
             # worker's now: else each epoch a worker made and faulted a slab anew (the
             # regression of persistent workers).
             room += max(0, self._per_batch - lent)
+        if room and len(freed) == 1 and sizes[freed[0]] >= need:
+            return (freed[0],)  # (the steady state: one batch's slab back, once a batch)
+        usable = sorted((s for s in freed if sizes[s] >= need), key=sizes.__getitem__)
         given = usable[:room]
         self._retire([s for s in freed if s not in given])
         return tuple(given)
@@ -215,7 +252,7 @@ class SlabMaps:
         with self._lock:
             freed, self._freed = self._freed, []
             if self.tasks == 0:
-                kept = self._once | self._lent | set(freed)
+                kept = self._once | self._lent.keys() | set(freed)
                 freed += [slab_id for slab_id in list(self._maps) if slab_id not in kept]
         self._retire(freed)
 
@@ -233,7 +270,7 @@ class SlabMaps:
 
     def _release(self, slab_id: int) -> None:
         with self._lock:
-            self._lent.discard(slab_id)
+            self._lent.pop(slab_id, None)
             if slab_id in self._once:  # the worker let go of it: unmapped now
                 self._once.discard(slab_id)
                 self._maps.pop(slab_id, None)
@@ -249,42 +286,26 @@ class SlabMaps:
     # -- batches -------------------------------------------------------------------------------
 
     def decode(self, payload: bytes, slabs: tuple[int, ...]) -> Any:
-        leases = {slab_id: _Lease(slab_id, self._release) for slab_id in slabs}
-        with self._lock:
-            self._lent.update(s for s in slabs if s not in self._once)
-        if slabs:
-            self._per_batch = len(slabs)
+        """The batch ``payload`` describes, its tensors over the slabs ``slabs`` (lent until
+        the batch's last tensor over each is gone; see :class:`_Lease`)."""
+        if not slabs:
+            return pickle.loads(payload)
         maps = self._maps
-        loaded: dict[Any, torch.Tensor] = {}
-        nbytes_seen = 0
-
-        def load(pid: Any) -> torch.Tensor:
-            # The same reference twice is the same tensor object twice, as it was pickled.
-            tensor = loaded.get(pid)
-            if tensor is None:
-                tensor = loaded[pid] = load_new(pid)
-            return tensor
-
-        def load_new(pid: Any) -> torch.Tensor:
-            nonlocal nbytes_seen
-            _, slab_id, offset, dtype, shape, stride = pid
-            nbytes = extent_bytes(shape, stride, dtype.itemsize)
-            nbytes_seen += nbytes
-            view = memoryview(maps[slab_id])[offset : offset + nbytes]
-            lease = leases[slab_id]
-            lease.count += 1
-            weakref.finalize(view, lease.release)
-            flat = torch.frombuffer(view, dtype=torch.uint8).view(dtype)
-            return flat.as_strided(shape, stride)
-
-        unpickler = pickle.Unpickler(io.BytesIO(payload))
-        unpickler.persistent_load = load  # type: ignore[method-assign]
+        leases = {slab_id: _Lease(slab_id, maps[slab_id], self._release) for slab_id in slabs}
+        self._per_batch = len(slabs)
+        unpickler = _BatchUnpickler(io.BytesIO(payload), leases)
         batch = unpickler.load()
-        if slabs:
-            self._recent.append(nbytes_seen)
-        for lease in leases.values():
-            if lease.count == 0:  # e.g. a slab holding only tensors that were dropped
-                self._release(lease.key)
+        self._recent.append(unpickler.nbytes)
+        used = unpickler.used
+        with self._lock:
+            for slab_id, lease in leases.items():
+                view, lease.view = lease.view, None
+                if slab_id in used:
+                    # Watched from now on; the view goes with the batch's last tensor over it.
+                    lease.ref = weakref.ref(view, lease.returned)  # type: ignore[arg-type]
+                    self._lent[slab_id] = lease
+                else:  # e.g. a slab holding only tensors that were dropped
+                    self._release(slab_id)
         return batch
 
     def close(self) -> None:
