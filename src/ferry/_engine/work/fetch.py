@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from time import perf_counter, thread_time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -40,9 +40,12 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True)
-class Timing:
-    """Where a worker's time went on one batch, and the bytes that crossed (ferry.stats)."""
+class Timing(NamedTuple):
+    """Where a worker's time went on one batch, and the bytes that crossed (ferry.stats).
+
+    A named tuple: it crosses with every batch, inside :class:`Done`, which sends it as a plain
+    tuple and makes it a Timing again without running Python code (a slotted dataclass runs
+    two functions to pickle, two to unpickle: about 2 us a batch on each side)."""
 
     fetch_s: float = 0.0
     collate_s: float = 0.0
