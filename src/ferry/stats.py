@@ -431,14 +431,20 @@ class StatsRecorder:
         self.memory_first[worker_id] = self.memory_latest[worker_id] = -1
         self.memory_faults[worker_id] = -1
 
-    def worker_made(self, worker_id: int, timing: Any) -> None:
-        """A worker's figures for one batch it made (a ``ferry._engine.work.fetch.Timing``)."""
-        self.fetch += timing.fetch_s
-        self.collate += timing.collate_s
-        self.hand_off += timing.hand_off_s
-        self.hand_off_bytes += timing.hand_off_bytes
-        self.busy[worker_id] += timing.made_s + timing.hand_off_s
+    def worker_made(self, worker_id: int, timing: Any, cpu: float = -1.0) -> None:
+        """A worker's figures for one batch it made (a ``ferry._engine.work.fetch.Timing``),
+        and the CPU seconds it used making it (-1: unmeasured). Once a batch, in the loop: no
+        call and no property in it."""
+        fetch_s, collate_s, hand_off_s, nbytes = timing
+        self.fetch += fetch_s
+        self.collate += collate_s
+        self.timers["hand_off"].total += hand_off_s
+        self.hand_off_bytes += nbytes
+        self.busy[worker_id] += fetch_s + collate_s + hand_off_s
         self.made[worker_id] += 1
+        if cpu >= 0:
+            self.cpu += cpu
+            self.cpu_made += fetch_s + collate_s
 
     # -- what the loader reads ---------------------------------------------------------------
 
@@ -489,18 +495,19 @@ class StatsRecorder:
 
 class _Timing:
     """The context manager of one stage of ``StatsRecorder.timing``: the seconds its blocks
-    took, in ``total``."""
+    took, in ``total``. (The worker engine's loop, once a batch, reads ``clock`` and adds to
+    ``total`` itself: no context manager's calls there.)"""
 
-    __slots__ = ("_clock", "_start", "total")
+    __slots__ = ("_start", "clock", "total")
 
     def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
+        self.clock = clock
         self._start = 0.0
         self.total = 0.0
 
     def __enter__(self) -> float:
-        self._start = start = self._clock()
+        self._start = start = self.clock()
         return start
 
     def __exit__(self, kind: object, value: object, traceback: object) -> None:
-        self.total += self._clock() - self._start
+        self.total += self.clock() - self._start

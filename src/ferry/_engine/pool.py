@@ -239,10 +239,10 @@ class WorkerIterator(LoaderIterator):
             return False
         if self._auto.held.configs:  # (the next key may be a held worker's: see HeldWorkers)
             return False
-        track = self._track
+        track, timer = self._track, self._stats.timers["sampler"]
+        start = timer.clock()
         try:
-            with self._stats.timing("sampler") as start:
-                index, key = next(track.keys)
+            index, key = next(track.keys)
         except StopIteration:
             schedule.keys_done = True
             # The slabs the main process lets go of from now on are retired, not kept for
@@ -253,6 +253,8 @@ class WorkerIterator(LoaderIterator):
             if not self._plan.persistent_workers:
                 self._crew.channel.no_more_tasks()
             return False
+        finally:
+            timer.total += timer.clock() - start
         task_id, task = schedule.assign(index, key, sent=start)
         try:
             self._crew.send(task.worker_id, task_id, key)
@@ -430,22 +432,28 @@ class WorkerIterator(LoaderIterator):
     def _made(self, worker_id: int, task_id: TaskId, done: Done) -> None:
         """Worker ``worker_id`` made task ``task_id``'s batch: where it then stood, its
         figures, and the batch, ready to be handed out (or pinned first)."""
-        task = self._schedule.arrived(task_id, done.timing.made_s)
+        timing = done.timing
+        task = self._schedule.arrived(task_id, timing.made_s)
         task.position = self._track.flight.made(worker_id, task.index, done.report)
         stats = self._stats
-        stats.worker_made(worker_id, done.timing)
-        stats.cpu_used(done.timing.made_s, done.cpu)
+        stats.worker_made(worker_id, timing, done.cpu)
         if done.memory >= 0:
             stats.worker_memory(worker_id, done.memory, done.memory_faults)
-        self._auto.switch.after(done, task.key, stats, self.__len__)
+        switch = self._auto.switch
+        if switch.active:
+            switch.after(done, task.key, stats, self.__len__)
         task.outcome = done.outcome
         if done.empty:
             task.result = DROPPED
             return
-        with stats.timing("hand_off"):
-            task.result = self._crew.batch(worker_id, done)
-        if self._crew.pinner is not None:
-            task.result = self._crew.pinner.submit(task.result)
+        crew, timer = self._crew, stats.timers["hand_off"]
+        start = timer.clock()
+        try:
+            task.result = crew.batch(worker_id, done)
+        finally:
+            timer.total += timer.clock() - start
+        if crew.pinner is not None:
+            task.result = crew.pinner.submit(task.result)
 
     def _receive(self, deadline: float | None) -> tuple[int, WorkerMessage]:
         """The next message from any worker; raises if a worker died or ``deadline`` passed."""

@@ -46,7 +46,7 @@ _PACE_WEIGHT = 0.3
 _IDLE_DECAY = 0.9
 
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     """A batch asked of a worker, until it is handed to the user."""
 
