@@ -18,6 +18,7 @@ import os
 import pickle
 import queue
 import random
+import select
 import signal
 import sys
 import threading
@@ -411,9 +412,10 @@ def _watch_parent(
     slab files this worker made for ``main_pid`` are removed first. A stall report's request,
     and ``Stop``, are answered here with a :class:`Stack`, since the worker's main thread may be
     the one that is stuck."""
+    ready = _ready_within(conn)
     while True:
         try:
-            if conn.poll(PARENT_CHECK_INTERVAL):
+            if ready(PARENT_CHECK_INTERVAL):
                 message = pickle.loads(conn.recv_bytes())
                 if isinstance(message, StackRequest):
                     answer_stack()
@@ -433,6 +435,17 @@ def _watch_parent(
             _exit_orphaned(main_pid)
         if os.getppid() != parent_pid:
             _exit_orphaned(main_pid)
+
+
+def _ready_within(conn: Connection) -> Callable[[float], bool]:
+    """Whether ``conn`` has something to read within the seconds given: a poll object made
+    once (``Connection.poll`` builds a selector at every call, a few microseconds a task), or
+    ``Connection.poll`` where there is no ``poll()`` (Windows)."""
+    if not hasattr(select, "poll"):
+        return conn.poll
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return lambda seconds: bool(poller.poll(seconds * 1000))
 
 
 def _exit_orphaned(main_pid: int) -> None:
