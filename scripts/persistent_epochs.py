@@ -146,6 +146,13 @@ def _ab(args: argparse.Namespace) -> None:
     print(f"{'src':<28}" + "".join(f"{k:>16}" for k in keys))
     for src in args.src:
         print(f"{src:<28}" + "".join(f"{statistics.median(got[src][k]):>16,.1f}" for k in keys))
+    # Paired: each round's epoch time against the first tree's in the same round (what the
+    # machine's drift over the run cannot move), median and quartiles.
+    first = got[args.src[0]]["ms"]
+    for src in args.src[1:]:
+        ratios = [b / a for a, b in zip(first, got[src]["ms"], strict=True)]
+        low, mid, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        print(f"{src} / {args.src[0]}: epoch time x{mid:.3f} (quartiles {low:.3f}-{high:.3f})")
 
 
 def main() -> None:
