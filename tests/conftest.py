@@ -16,6 +16,7 @@ chosen free and retried when taken (``_support/ranks.py``), and what it counts i
 from __future__ import annotations
 
 import re
+import signal
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,14 @@ from torch.utils.data._utils.collate import default_collate_fn_map as torch_coll
 from _support.numpy_run import HAS_NUMPY, NO_NUMPY_REASON, NO_NUMPY_RUN
 from _support.skip_guard import AllowedSkip, SkipGuard
 from ferry.collate import default_collate_fn_map as ferry_collate_fn_map
+
+# A suite started in the background by a shell without job control (`make test &`, nohup)
+# inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler, here or in the
+# programs the Ctrl-C tests start: they would fail for the shell's reason, not ferry's. The
+# handler every interactive program has is put back (a child exec'd from here starts with the
+# default disposition again, and Python installs its handler there too).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
