@@ -14,6 +14,8 @@
 #    (scaling_costs.py --nudge-ms 50), beside the unnudged rows of step 1.
 # 3. long.txt: long epochs at 15 workers (240 batches), where the workers' memory reads at an
 #    epoch's end made ferry's end 83-126 ms after the last sample against torch's 32-41.
+# 4. ceiling.txt, with the time that is left: the main process's ceiling (instant batches)
+#    against torch's at 8 and 16 workers (scripts/main_ceiling.py), so far measured on 2 cores.
 #
 # Environment: PYTHON (default python3), DEADLINE, FEED (gpu, the default, or cpu: a smoke
 # test without CUDA), QUICK=1 (tiny rows: a smoke test of the script itself, figures
@@ -33,10 +35,10 @@ gpu=(--gpu)
 [ "${FEED:-gpu}" = cpu ] && gpu=()
 if [ -n "${QUICK:-}" ]; then
   bench=(QUICK=1 WORKERS=2 REPS=1 LIMIT=60)
-  workers=(--workers 2) long=(--samples 512 --epochs 1)
+  workers=(--workers 2) long=(--samples 512 --epochs 1) ceiling=(--workers 2 --reps 1)
 else
   bench=(WORKERS=15,8 REPS=7 LIMIT=300)
-  workers=(--workers 15) long=(--samples 30720 --epochs 2)
+  workers=(--workers 15) long=(--samples 30720 --epochs 2) ceiling=(--workers 8 16 --reps 3)
 fi
 
 left() { echo $((deadline - $(date +%s))); }
@@ -63,4 +65,12 @@ for step in nudged long; do
     --loader torch ferry "${options[@]}" >"$out/$step.txt" 2>&1
   echo "device_next: $step exit $?, $(left) s left" | tee -a "$out/steps.txt"
 done
-cat "$out/bench/table.txt" "$out/nudged.txt" "$out/long.txt" 2>/dev/null
+# 4. (the least of the four: only with time to spare)
+budget=$(($(left) - 10))
+if [ "$budget" -ge 45 ]; then
+  timeout -k 5 "$budget" "$python" scripts/main_ceiling.py "${ceiling[@]}" >"$out/ceiling.txt" 2>&1
+  echo "device_next: ceiling exit $?, $(left) s left" | tee -a "$out/steps.txt"
+else
+  echo "device_next: ceiling left out (${budget} s left)" | tee -a "$out/steps.txt"
+fi
+cat "$out/bench/table.txt" "$out/nudged.txt" "$out/long.txt" "$out/ceiling.txt" 2>/dev/null
