@@ -91,6 +91,11 @@ def main() -> None:
             f"per batch {base_cpu:.1f} us, {cand_cpu:.1f} us, {cand_cpu / base_cpu:.3f} "
             f"(median of {args.rounds} alternating rounds)"
         )
+        # Paired: each round's candidate over the baseline of the same round, which the
+        # machine's drift over the run cannot move; the quartiles say how far rounds spread.
+        ratios = [c / b for (b, _), (c, _) in zip(runs["baseline"], runs["candidate"], strict=True)]
+        low, mid, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        print(f"  paired per round: candidate/baseline {mid:.3f} (quartiles {low:.3f}-{high:.3f})")
 
 
 if __name__ == "__main__":
