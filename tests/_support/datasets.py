@@ -481,6 +481,19 @@ def default_then_slice(batch: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"tail": whole[1:], "every_other": whole[:, ::2], "column": whole[:, 1]}
 
 
+def views_of_a_plain_batch(batch: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """torch's default_collate in either loader (so not in a slab), then views of the result:
+    an offset, a step, a column, a transposition and an expansion (zero strides)."""
+    whole = tud.default_collate(batch)
+    return {
+        "tail": whole[1:, 1:],
+        "every_other": whole[:, ::2],
+        "column": whole[:, 1],
+        "transposed": whole.t(),
+        "expanded": whole[0].expand(3, -1),
+    }
+
+
 def plain_twice(batch: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor made outside collate's allocator, returned twice."""
     stacked = torch.stack(batch)

@@ -186,6 +186,22 @@ def test_custom_collate_views_of_a_batch(kind: Kind) -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", FAST, indirect=True)
+def test_views_of_a_batch_made_outside_the_slabs_keep_torchs_strides(kind: Kind) -> None:
+    """Views of a tensor collate did not put in a slab are copied in with the bytes they span,
+    so their strides are torch's (an expanded view's zero strides too, without a byte per
+    element)."""
+    build = blocks((6,), torch.float32, collate_fn=ds.views_of_a_plain_batch)
+    dataset, kwargs = build(torch.utils.data)
+    expected = next(iter(torch.utils.data.DataLoader(dataset, **kwargs, num_workers=2)))
+    got = compare(build, kind, num_workers=2)[0][0]  # (epoch 0, batch 0)
+    for name, tensor in got.items():
+        assert tensor.stride() == expected[name].stride(), name
+    if not kind.threads:
+        assert got["expanded"].untyped_storage().nbytes() == 6 * 4  # one row, not three
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", FAST, indirect=True)
 def test_one_tensor_twice_in_a_batch(kind: Kind) -> None:
     """The same tensor twice in a batch stays one tensor, as in torch: writing through one
     name is seen through the other."""

@@ -373,17 +373,15 @@ class _BatchPickler(pickle.Pickler):
         return ref
 
     def _copy_in(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A copy of ``tensor`` in a slab, with the same strides when they cover its bytes
-        densely (a transposed or channels-last tensor stays so); contiguous otherwise."""
+        """A copy in a slab of the bytes ``tensor`` spans, with its strides, as torch's
+        batches keep them (its whole storage goes to shared memory there): a transposed or
+        channels-last tensor stays so, a slice keeps its steps, an expanded one its zero
+        strides (and only the bytes it spans are copied, not one per element)."""
         shape, stride = tuple(tensor.shape), tuple(tensor.stride())
-        dense = extent_bytes(shape, stride, tensor.element_size()) == tensor.nbytes
-        if dense:
-            flat = self._allocator.empty((tensor.numel(),), tensor.dtype)
-            copy = flat.as_strided(shape, stride)
-        else:
-            copy = self._allocator.empty(shape, tensor.dtype)
-        copy.copy_(tensor)
-        return copy
+        count = extent_bytes(shape, stride, tensor.element_size()) // tensor.element_size()
+        flat = self._allocator.empty((count,), tensor.dtype)
+        flat.copy_(tensor.as_strided((count,), (1,)))
+        return flat.as_strided(shape, stride)
 
 
 def encode_batch(batch: Any, allocator: SlabAllocator) -> tuple[bytes, list[Slab]]:
