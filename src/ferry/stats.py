@@ -434,7 +434,7 @@ class StatsRecorder:
     def worker_made(self, worker_id: int, timing: Any, cpu: float = -1.0) -> None:
         """A worker's figures for one batch it made (a ``ferry._engine.work.fetch.Timing``),
         and the CPU seconds it used making it (-1: unmeasured). Once a batch, in the loop: no
-        call and no property in it."""
+        property in it, and a call only for the batches whose CPU was measured."""
         fetch_s, collate_s, hand_off_s, nbytes = timing
         self.fetch += fetch_s
         self.collate += collate_s
@@ -442,9 +442,8 @@ class StatsRecorder:
         self.hand_off_bytes += nbytes
         self.busy[worker_id] += fetch_s + collate_s + hand_off_s
         self.made[worker_id] += 1
-        if cpu >= 0:
-            self.cpu += cpu
-            self.cpu_made += fetch_s + collate_s
+        if cpu >= 0:  # (one batch in CPU_SAMPLE: the call is not on every batch's path)
+            self.cpu_used(fetch_s + collate_s, cpu)
 
     # -- what the loader reads ---------------------------------------------------------------
 
