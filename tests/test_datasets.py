@@ -580,6 +580,21 @@ def test_random_split_error_messages(lengths: list[Any], match: str) -> None:
         ferry.random_split(range(5), lengths)
 
 
+@pytest.mark.parametrize(
+    "lengths",
+    [[4.5, 5.5], [2.5, 2.5, 5], [0.5, 9.5], torch.tensor([2.5, 7.5]), np.array([4.5, 5.5])],
+    ids=["halves", "three", "fraction-like", "tensor", "numpy"],
+)
+def test_random_split_refuses_lengths_with_part_of_a_sample(lengths: Any) -> None:
+    """torch fails these (``randperm`` of a float); cutting at whole numbers left a sample in
+    no split, without a word."""
+    for module in (tud, ferry):
+        with pytest.raises(TypeError):
+            module.random_split(range(10), lengths, torch.Generator().manual_seed(1))
+    with pytest.raises(TypeError, match="whole numbers of samples"):
+        ferry.random_split(range(10), lengths)
+
+
 # -- running under ``python -O`` ---------------------------------------------------------------
 
 _OPTIMIZED_SCRIPT = """

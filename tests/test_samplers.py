@@ -194,6 +194,22 @@ def test_batch_sampler_matches_torch(
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((range(5), 2), {}), ((range(5), 2, False, 3), {}), ((range(5), 2, False), {"foo": 1})],
+    ids=["missing", "too-many", "unknown-keyword"],
+)
+def test_batch_sampler_called_wrongly_fails_in_torchs_words(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    messages = []
+    for module in (tud, ferry):
+        with pytest.raises(TypeError) as caught:
+            module.BatchSampler(*args, **kwargs)
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+
+
 def test_batch_sampler_over_a_one_shot_iterator() -> None:
     batches = [list(m.BatchSampler(iter(range(7)), 3, False)) for m in MODULES]
     assert batches[0] == batches[1] == [[0, 1, 2], [3, 4, 5], [6]]

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from ferry._torch_types import TorchBatchSampler
-from ferry._validate import check_bool, check_positive_int
 
 __all__ = ["batch_count", "batch_record", "batched", "is_batch_record", "rebatch"]
 
@@ -26,14 +25,11 @@ def is_batch_record(batch_sampler: object) -> bool:
     return type(batch_sampler) is TorchBatchSampler
 
 
-def batch_record(sampler: Any, batch_size: int, drop_last: bool) -> Any:
-    """An object of torch's exact ``BatchSampler`` class holding the three options, made without
-    running torch's constructor (ferry checked them with its own messages)."""
-    check_positive_int("batch_size", batch_size, error=ValueError)
-    check_bool("drop_last", drop_last, error=ValueError)
-    record = object.__new__(TorchBatchSampler)
-    vars(record).update(sampler=sampler, batch_size=batch_size, drop_last=drop_last)
-    return record
+def batch_record() -> Any:
+    """An empty object of torch's exact ``BatchSampler`` class, made without running torch's
+    constructor: ferry's ``BatchSampler.__init__`` checks the options, with its own messages,
+    and sets them on it."""
+    return object.__new__(TorchBatchSampler)
 
 
 def batch_count(index_sampler: Any) -> int:

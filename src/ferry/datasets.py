@@ -431,6 +431,13 @@ def random_split(
             f"got {list(lengths)}, summing to {sum(lengths)}, for a dataset of length {total}: "
             "give lengths that sum to it, or fractions that sum to 1"
         )
+    for position, size in enumerate(sizes):
+        if int(size) != size:
+            raise TypeError(
+                f"random_split: lengths must be whole numbers of samples (summing to the "
+                f"dataset's length, {total}) or fractions summing to 1; got {size} at index "
+                f"{position} of {list(lengths)}: a split cannot hold part of a sample"
+            )
     order = torch.randperm(total, generator=generator).tolist()
     ends = itertools.accumulate(int(s) for s in sizes)
     return [

@@ -145,6 +145,7 @@ class DistributedSampler(
     _epochs_set_by_user = True
     # What a state_dict() holds besides "yielded": what fixes the epoch's order.
     _state_keys = ("epoch", "num_replicas", "done")
+    _drawn_at_iter = True  # torch's builds its list in __iter__
     # Any sized object, as torch accepts too (its annotation says Dataset).
     dataset: Sized  # type: ignore[assignment]
     num_replicas: int

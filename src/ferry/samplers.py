@@ -115,19 +115,33 @@ class TensorChunkSampler(Sampler[int]):
     not override ``__iter__``.
     """
 
+    # Whether ``iter(sampler)`` draws its keys at once, as torch's sampler of the same name
+    # does in its ``__iter__`` (not at the first ``next``): then a ``set_epoch`` or an error
+    # comes when torch's would. DistributedSampler's does; torch's others are generators.
+    _drawn_at_iter = False
+
     def __iter__(self) -> Iterator[int]:
         progress = self._begin_iteration()
+        if self._drawn_at_iter:
+            chunks = list(self._run_chunks(progress.run))
+            return self._run_keys(progress.run, progress, iter(chunks))
         return self._run_keys(progress.run, progress)
 
     def _begin_iteration(self) -> _Progress:
         """How ``iter(self)`` starts: afresh (a stateful sampler may resume a loaded state)."""
         return _Progress(SamplerRun())
 
-    def _run_keys(self, run: SamplerRun, progress: _Progress | None = None) -> Iterator[int]:
-        """The keys of one iteration, as ints, started (or resumed) as ``run`` says; counted
-        in ``progress`` when given (for ``iter(sampler)``; the loader counts its own)."""
+    def _run_keys(
+        self,
+        run: SamplerRun,
+        progress: _Progress | None = None,
+        chunks: Iterator[torch.Tensor] | None = None,
+    ) -> Iterator[int]:
+        """The keys of one iteration, as ints, started (or resumed) as ``run`` says (from
+        ``chunks`` when already drawn); counted in ``progress`` when given (for
+        ``iter(sampler)``; the loader counts its own)."""
         try:
-            for chunk in self._run_chunks(run):
+            for chunk in self._run_chunks(run) if chunks is None else chunks:
                 keys = chunk.tolist()
                 yield from keys if progress is None else progress.enter(keys)
         finally:
@@ -382,7 +396,11 @@ class BatchSampler(Sampler[list[Any]], TorchBatchSampler, twin=TorchBatchSampler
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is not BatchSampler:
             return super().__new__(cls)
-        return batch_record(*args, **kwargs)
+        # ferry's __init__ fills the record, so that a call with the wrong arguments fails
+        # with torch's own words ("BatchSampler.__init__() missing 1 required ...").
+        record = batch_record()
+        BatchSampler.__init__(record, *args, **kwargs)
+        return record
 
     def __init__(
         self, sampler: Sampler[Any] | Iterable[Any], batch_size: int, drop_last: bool

@@ -124,6 +124,20 @@ def test_set_epoch_reshuffles_deterministically() -> None:
     assert list(first) == list(first)  # iterating does not advance the shuffle
 
 
+def test_iter_draws_the_epochs_list_at_once_as_torchs_does() -> None:
+    """torch's ``__iter__`` builds its list: a ``set_epoch`` after ``iter()`` is for the next
+    iteration, and a split made invalid fails at ``iter()``, not at the first index."""
+    for sampler_class in (DistributedSampler, TorchDistributedSampler):
+        sampler = sampler_class(range(10), num_replicas=2, rank=0, seed=3)
+        keys = iter(sampler)
+        sampler.set_epoch(5)
+        assert list(keys) == list(TorchDistributedSampler(range(10), 2, 0, seed=3))
+        broken = sampler_class(range(10), num_replicas=2, rank=0)
+        broken.rank = 5
+        with pytest.raises(AssertionError):
+            iter(broken)
+
+
 # --- pad=False -------------------------------------------------------------------------------
 
 
