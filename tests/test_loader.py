@@ -256,6 +256,7 @@ def test_worker_type_is_validated() -> None:
     [
         {"num_workers": torch.tensor(0).item()},
         {"timeout": 0.0},
+        {"timeout": False},
         {"shuffle": 1},
         {"shuffle": None, "sampler": [2, 0]},
         {"pin_memory_device": "cpu"},
@@ -266,6 +267,8 @@ def test_worker_type_is_validated() -> None:
             else [
                 {"num_workers": np.int64(0)},
                 {"timeout": np.float64(0.0)},
+                {"timeout": np.int64(0)},
+                {"timeout": np.float32(0.0)},
                 {"batch_size": np.int64(2).item()},
             ]
         ),
@@ -451,10 +454,25 @@ def test_length_warning_only_for_a_len_call_made_before_the_iterator() -> None:
             assert len([batch for batch in iterator]) == 5, module.__name__  # noqa: C416
 
 
-def test_timeout_without_workers_fails_on_iteration_like_torch() -> None:
-    """torch accepts ``timeout > 0`` with ``num_workers=0`` but its single-process iterator
-    refuses it (AssertionError) when created."""
-    differential(lambda m: m.DataLoader(range(3), timeout=1.5))
+@pytest.mark.parametrize("timeout", [1.5, float("nan"), True], ids=stable_id)
+def test_timeout_without_workers_fails_on_iteration_like_torch(timeout: float) -> None:
+    """torch accepts any number but a negative one with ``num_workers=0``, and its
+    single-process iterator refuses all but 0 (AssertionError) when created; so does a
+    negative one set after the loader was built."""
+    differential(lambda m: list(m.DataLoader(range(3), timeout=timeout)))
+
+    def set_later(m: Any) -> Any:
+        loader = m.DataLoader(range(3))
+        loader.timeout = -1
+        return list(loader)
+
+    differential(set_later)
+
+
+def test_prefetch_factor_without_workers_is_refused_before_its_type_like_torch() -> None:
+    differential(lambda m: m.DataLoader(range(3), prefetch_factor=2.0))
+    with pytest.raises(ValueError, match="could only be specified in multiprocessing"):
+        ferry.DataLoader(range(3), prefetch_factor=2.5)  # type: ignore[arg-type]
 
 
 def test_len_of_an_iterator() -> None:

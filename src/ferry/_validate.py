@@ -7,6 +7,7 @@ caller) with a message that names the option, what was expected and what was got
 from __future__ import annotations
 
 import multiprocessing
+import numbers
 import operator
 import os
 from multiprocessing.context import BaseContext
@@ -52,25 +53,26 @@ def worker_options(
     """``num_workers`` and ``prefetch_factor`` checked (with ``timeout`` and
     ``persistent_workers``, which depend on them); prefetch_factor defaults to 2 with workers."""
     num_workers = as_int("num_workers", num_workers, allow_bool=True)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
+    # Any real number, as torch takes: numpy's scalars and bools included.
+    if not isinstance(timeout, numbers.Real):
         raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-    if prefetch_factor is not None:
-        prefetch_factor = as_int("prefetch_factor", prefetch_factor, allow_bool=True)
     if num_workers < 0:
         raise ValueError(
             "num_workers option should be non-negative; use num_workers=0 to disable "
             f"multiprocessing (load in the main process), got num_workers={num_workers}"
         )
-    if timeout < 0:
-        raise ValueError(
-            "timeout option should be non-negative: it is the seconds to wait for a batch "
-            f"from a worker (0 waits forever), got timeout={timeout}"
-        )
     if num_workers == 0 and prefetch_factor is not None:
         raise ValueError(
             "prefetch_factor option could only be specified in multiprocessing: it is the "
             "number of batches each worker loads ahead, so with num_workers=0 leave it None "
-            f"(or set num_workers > 0), got prefetch_factor={prefetch_factor}"
+            f"(or set num_workers > 0), got prefetch_factor={prefetch_factor!r}"
+        )
+    if prefetch_factor is not None:
+        prefetch_factor = as_int("prefetch_factor", prefetch_factor, allow_bool=True)
+    if timeout < 0:
+        raise ValueError(
+            "timeout option should be non-negative: it is the seconds to wait for a batch "
+            f"from a worker (0 waits forever), got timeout={timeout}"
         )
     if num_workers > 0 and prefetch_factor is None:
         prefetch_factor = 2

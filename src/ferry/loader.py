@@ -403,8 +403,10 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
                 f"num_workers={self.num_workers} (set after the DataLoader was built); use "
                 "num_workers=0 to load in the main process"
             )
-        if self.num_workers > 0 and not self.prefetch_factor:
+        if self.num_workers > 0 and self.prefetch_factor is not None and self.prefetch_factor < 1:
             # torch refuses it when the iterator is made: no batch could ever be asked for.
+            # (None, left by a loader built without workers and given some since, loads the
+            # default 2 ahead, where torch fails comparing None.)
             raise AssertionError(
                 "prefetch_factor must be greater than 0 for loading with workers "
                 f"(num_workers={self.num_workers}): it is the number of batches each worker "
@@ -451,7 +453,9 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
             drop_last=self.drop_last,
             generator=self.generator,
             num_workers=self.num_workers,
-            prefetch_factor=self.prefetch_factor,
+            prefetch_factor=(
+                2 if self.prefetch_factor is None and self.num_workers else self.prefetch_factor
+            ),
             timeout=self.timeout,
             worker_init_fn=self.worker_init_fn,
             multiprocessing_context=self.multiprocessing_context,

@@ -416,8 +416,8 @@ WARNINGS = [
         more_batches_than_len,
         UserWarning,
         (
-            "Length of IterableDataset .* was reported to be 2",
-            "but 3 samples have been fetched",
+            r"Length of IterableDataset <.* object at 0x\w+> was reported to be 2\(when "
+            r"accessing len\(dataloader\)\), but 3 samples have been fetched\. ",
         ),
     ),
     Case(
@@ -425,8 +425,8 @@ WARNINGS = [
         lambda m: more_batches_than_len(m, num_workers=1, multiprocessing_context="fork"),
         UserWarning,
         (
-            r"was reported to be 2 ?\(when accessing len\(dataloader\)\), but 3 samples have "
-            "been fetched",
+            r"was reported to be 2\(when accessing len\(dataloader\)\), but 3 samples have "
+            r"been fetched\. ",
             "For multiprocessing data-loading, this could be caused by not properly configuring "
             "the IterableDataset replica at each worker",
         ),

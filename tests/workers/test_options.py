@@ -9,6 +9,11 @@ from typing import Any
 
 import pytest
 import torch
+
+try:
+    import numpy as np
+except ImportError:  # (the suite also runs without numpy)
+    np = None  # type: ignore[assignment]
 import torch.multiprocessing
 import torch.utils.data as tud
 
@@ -93,6 +98,19 @@ def test_in_flight_tasks_bounded(kind: Kind, num_workers: int, prefetch_factor: 
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", FAST, indirect=True)
+def test_workers_given_after_construction_load_the_default_two_ahead(kind: Kind) -> None:
+    """A loader built without workers has ``prefetch_factor=None``; given workers later, it
+    loads as if built with them (torch fails comparing None with 0 when iterated)."""
+    loader = ferry.DataLoader(range(6), batch_size=2)
+    loader.num_workers = 2
+    for option, value in kind.kwargs.items():
+        setattr(loader, option, value)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]
+    assert loader.prefetch_factor is None  # the option as the user left it
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["fork"], indirect=True)
 def test_persistent_workers_survive_epochs(kind: Kind) -> None:
     loader = ferry.DataLoader(
@@ -142,8 +160,13 @@ def test_timeout_not_hit_when_batches_come_in_time(kind: Kind) -> None:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("timeout", [-1, -0.5])
+@pytest.mark.parametrize(
+    "timeout",
+    [-1, -0.5, True, *([] if np is None else [np.int64(5), np.float32(1.5)])],
+    ids=str,
+)
 def test_timeout_validation_like_torch(timeout: float) -> None:
+    """Any real number that is not negative, as torch takes it: numpy's scalars and bools."""
     assert_same_outcome(*build_outcome(num_workers=1, timeout=timeout))
 
 

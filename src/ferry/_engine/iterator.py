@@ -298,10 +298,12 @@ class LoaderIterator(TorchLoaderIterator):
             return
         self._length_warned = True
         warnings.warn(
-            f"Length of IterableDataset {type(self._plan.dataset).__name__} was reported to "
-            f"be {reported} (when accessing len(dataloader)), but {yielded} samples "
-            f"have been fetched: this DataLoader has now yielded {yielded} batches, "
-            f"more than len(dataset) = {reported}."
+            # torch's first sentence word for word (regexes match it), then ferry's detail;
+            # once an epoch, where torch warns again at every further batch.
+            f"Length of IterableDataset {self._plan.dataset} was reported to be "
+            f"{reported}(when accessing len(dataloader)), but {yielded} samples have been "
+            f"fetched. This DataLoader has now yielded {yielded} batches, more than "
+            f"len(dataset) = {reported}; it warns once an epoch."
             + (
                 " For multiprocessing data-loading, this could be caused by not properly "
                 "configuring the IterableDataset replica at each worker: each of the "
@@ -392,7 +394,7 @@ class InlineIterator(LoaderIterator):
         budget: SkipBudget | None = None,
         run: RunCounts | None = None,
     ) -> None:
-        if plan.timeout > 0:
+        if plan.timeout != 0:  # (as torch: a NaN or a negative one set later fails too)
             raise AssertionError(
                 "loading in the main process (num_workers=0) requires timeout == 0: timeout is "
                 f"how long to wait for a worker, got timeout={plan.timeout}; set num_workers > 0 "
