@@ -43,7 +43,6 @@ from _support.strategies import (
     batches,
     make_tensor,
 )
-from ferry.collate import RowBatch
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 
@@ -267,6 +266,25 @@ def test_deep_nesting(depth: int) -> None:
 # -- errors --------------------------------------------------------------------------------------
 
 
+_Point = collections.namedtuple("_Point", "x y")
+
+
+def test_a_namedtuple_takes_the_fields_every_sample_has_as_torch() -> None:
+    """torch zips a namedtuple's samples without a size check: a longer plain tuple's extra
+    positions are left out."""
+    _assert_both(lambda m: m.default_collate([_Point(1, 2), (3, 4, 5)]))
+
+
+class _Doubling(dict):  # type: ignore[type-arg]
+    def __getitem__(self, key: Any) -> Any:
+        return 2 * super().__getitem__(key)
+
+
+def test_default_convert_reads_a_mapping_by_key_as_torch() -> None:
+    _assert_both(lambda m: m.default_convert(_Doubling(a=np.array([1, 2]), b=3)))
+    _assert_both(lambda m: m.default_convert(np.array([1], dtype="timedelta64[as]")))
+
+
 def _csr() -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
@@ -289,6 +307,11 @@ ERRORS = {
     "empty batch": [],
     "tensor then number": [torch.zeros(()), 1],
     "unsupported inside dict": [{"a": None}, {"a": None}],
+    "namedtuple then a shorter tuple": [_Point(1, 2), (3,)],
+    "datetimes in attoseconds": [
+        np.array([1], dtype="datetime64[as]"),
+        np.array([2], dtype="datetime64[as]"),
+    ],
 }
 
 
@@ -557,29 +580,6 @@ def test_extended_default_collate_fn_map_applies_to_tensor_datasets(
 
     differential(build)
     assert_same(tud.default_collate([(x[0], y[0])]), ferry.default_collate([(x[0], y[0])]))
-
-
-# -- RowBatch (what the built-in tensor datasets return for a batch) ------------------------------
-
-
-def test_row_batch_reads_like_a_list_of_rows() -> None:
-    x, y = torch.arange(6).view(3, 2), torch.tensor([7, 8, 9])
-    rows = RowBatch((x, y))
-    plain = [(x[i], y[i]) for i in range(3)]
-    assert len(rows) == 3
-    assert_same(list(rows), plain)
-    assert_same(rows[-1], plain[-1])
-    assert_same(rows[0:2], plain[0:2])
-    assert_same(rows[::-1], plain[::-1])
-    for index in (3, -4):
-        with pytest.raises(IndexError):
-            rows[index]
-    assert "rows=3" in repr(rows)
-    assert len(RowBatch(())) == 0
-    assert_same(ferry.default_collate(rows), tud.default_collate(plain))
-    assert_same(
-        ferry.collate(rows, collate_fn_map=ferry.default_collate_fn_map), tud.default_collate(plain)
-    )
 
 
 # -- the public per-type functions ---------------------------------------------------------------

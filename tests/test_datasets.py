@@ -149,12 +149,68 @@ def test_tensor_dataset_without_tensors() -> None:
     _assert_both(lambda m: len(m.TensorDataset()))
 
 
-def test_tensor_dataset_getitems_gives_the_rows() -> None:
-    ds = ferry.TensorDataset(X, Y)
-    rows = ds.__getitems__([4, 0, 4])
-    assert len(rows) == 3
-    assert_same(list(rows), [ds[4], ds[0], ds[4]])
-    assert_same(rows[1], ds[0])
+def test_tensor_datasets_read_by_torchs_loader_give_torchs_rows() -> None:
+    """Like torch's, ferry's TensorDataset has no ``__getitems__``, and a Subset of it hands
+    back a list of row tuples: a torch loader (the kind Lightning or accelerate build) gives a
+    user's ``collate_fn`` the plain list torch gives, whatever dataset it reads."""
+    assert not hasattr(ferry.TensorDataset(X, Y), "__getitems__")
+    for build in (
+        lambda m: m.TensorDataset(X, Y),
+        lambda m: m.Subset(m.TensorDataset(X, Y), [5, 1, 2]),
+    ):
+        got = []
+        for module in (tud, ferry):
+            batches = list(tud.DataLoader(build(module), batch_size=2, collate_fn=lambda b: b))
+            assert all(type(batch) is list for batch in batches)
+            got.append(batches)
+        assert_same(got[1], got[0])
+    assert type(ferry.Subset(ferry.TensorDataset(X), [3, 0]).__getitems__([1, 0])) is list
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        torch.arange(12.0).view(6, 2, 1, 1).contiguous(memory_format=torch.channels_last),
+        torch.arange(240.0).view(10, 2, 3, 4).contiguous(memory_format=torch.channels_last),
+        torch.arange(24.0).view(2, 3, 4).transpose(0, 2),
+        X.t().contiguous().t(),
+    ],
+    ids=["channels_last_1x1", "channels_last", "transposed", "column_major"],
+)
+def test_tensor_dataset_batches_keep_torchs_strides(source: torch.Tensor) -> None:
+    """Stacked rows are contiguous whatever the source's layout; a gather keeps a
+    channels_last source's, unless made dense."""
+    for build in (
+        lambda m: m.TensorDataset(source),
+        lambda m: m.Subset(m.TensorDataset(source), [1, 0, 1]),
+    ):
+        batches = [list(m.DataLoader(build(m), batch_size=2)) for m in (tud, ferry)]
+        for theirs, ours in zip(*batches, strict=True):
+            assert ours[0].stride() == theirs[0].stride()
+            assert torch.equal(ours[0], theirs[0])
+
+
+def test_sparse_tensor_dataset_fails_as_torchs() -> None:
+    sparse = torch.eye(4).to_sparse()
+    differential(lambda m: m.DataLoader(m.TensorDataset(sparse), batch_size=2))
+
+
+@pytest.mark.parametrize(
+    "indices",
+    [
+        [slice(0, 2), slice(1, 3)],
+        [[1, 2], [3, 4]],
+        [True, False, True],
+        torch.tensor([1, 0, 1], dtype=torch.uint8),
+        torch.tensor([True, False, True]),
+        [1.0, 2.0],
+        [np.int64(3), np.int32(1)],
+        torch.tensor([4, 2], dtype=torch.int32),
+    ],
+    ids=stable_id,
+)
+def test_subset_of_a_tensor_dataset_reads_any_indices_as_torch(indices: Any) -> None:
+    differential(lambda m: m.DataLoader(m.Subset(m.TensorDataset(X, Y), indices), batch_size=2))
 
 
 def test_tensor_dataset_subclass_getitem_override_is_used_by_the_loader() -> None:
@@ -332,60 +388,44 @@ def test_concat_dataset_errors_match_torch(build: Callable[[Any], Any]) -> None:
     _assert_both(lambda m: len(build(m)))
 
 
-@HYPOTHESIS
-@given(
-    sizes=st.lists(st.integers(0, 5), min_size=1, max_size=4),
-    data=st.data(),
-)
-def test_concat_dataset_getitems_keeps_order(sizes: list[int], data: st.DataObject) -> None:
-    total = sum(sizes)
-    indices = data.draw(
-        st.lists(st.integers(-total, total - 1), max_size=12) if total else st.just([])
-    )
+def test_concat_dataset_reads_its_parts_in_the_samplers_order() -> None:
+    """torch's ConcatDataset has no ``__getitems__``: its parts are read one key at a time in
+    the sampler's order, their own ``__getitems__`` never called, so the random draws of an
+    augmenting part come in torch's order."""
 
-    def parts() -> list[Any]:
-        out: list[Any] = []
-        offset = 0
-        for position, size in enumerate(sizes):
-            items = [f"s{i}" for i in range(offset, offset + size)]
-            out.append(_Recording(items) if position % 2 else DuckMap(items))
-            offset += size
-        return out
+    class Drawing(DuckMap):
+        def __init__(self, name: str, log: list[str]) -> None:
+            super().__init__([name + str(i) for i in range(2)])
+            self.log = log
 
-    ds = ferry.ConcatDataset(parts())
-    assert_same(list(ds.__getitems__(indices)), [ds[i] for i in indices])
-    assert_same([ds[i] for i in indices], [tud.ConcatDataset(parts())[i] for i in indices])
-    for part_index, part in enumerate(ds.datasets):
-        if isinstance(part, _Recording):
-            # one batched call per part at most, with that part's keys in batch order
-            start = ds.cumulative_sizes[part_index] - len(part)
-            wanted = [
-                (i + len(ds) if i < 0 else i) - start
-                for i in indices
-                if 0 <= (i + len(ds) if i < 0 else i) - start < len(part)
-            ]
-            assert part.calls == ([wanted] if wanted else [])
+        def __getitem__(self, index: int) -> Any:
+            self.log.append(self.items[index])
+            return torch.rand(())
 
+        def __getitems__(self, indices: list[int]) -> Any:
+            raise AssertionError("torch never reads a part's batch")
 
-class _Recording(DuckMap):
-    """``__getitems__`` consistent with ``__getitem__``, recording the keys it was asked for."""
-
-    def __init__(self, items: list[Any]) -> None:
-        super().__init__(items)
-        self.calls: list[list[int]] = []
-
-    def __getitems__(self, indices: list[int]) -> list[Any]:
-        self.calls.append(list(indices))
-        return [self.items[i] for i in indices]
+    got = []
+    for module in (tud, ferry):
+        log: list[str] = []
+        dataset = module.ConcatDataset([Drawing("a", log), Drawing("b", log)])
+        assert not hasattr(dataset, "__getitems__")
+        torch.manual_seed(0)
+        batches = list(module.DataLoader(dataset, batch_size=4, sampler=[2, 0, 3, 1]))
+        got.append((log, batches))
+    assert got[1][0] == got[0][0] == ["b0", "a0", "b1", "a1"]
+    assert_same(got[1][1], got[0][1])
 
 
 def test_concat_dataset_subclass_getitem_override_is_respected() -> None:
-    class Doubled(ferry.ConcatDataset):
-        def __getitem__(self, index: int) -> Any:
-            return 2 * super().__getitem__(index)
+    def build(module: Any) -> Any:
+        class Doubled(module.ConcatDataset):
+            def __getitem__(self, index: int) -> Any:
+                return 2 * super().__getitem__(index)
 
-    ds = Doubled([range(3), range(3)])
-    assert list(ds.__getitems__([0, 4])) == [0, 2]
+        return module.DataLoader(Doubled([range(3), range(3)]), batch_size=2)
+
+    differential(build)
 
 
 def test_concat_dataset_in_a_loader_matches_torch() -> None:

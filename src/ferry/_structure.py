@@ -1,9 +1,7 @@
-"""Rebuild a nested sample with a function applied to its leaves.
-
-One walk serves :func:`ferry.collate.default_convert` and memory pinning, which treat
-containers the same way torch does: mappings and sequences keep their type when it can be
-rebuilt (a copy updated in place for mutable ones), namedtuples keep theirs, plain tuples
-become lists, and ``str``/``bytes`` are leaves.
+"""Rebuild a nested sample with a function applied to its leaves: the walk of
+:func:`ferry.collate.default_convert`, which treats containers as torch's does. Mappings and
+sequences keep their type when it can be rebuilt (a copy updated in place for mutable ones),
+namedtuples keep theirs, plain tuples become lists, and ``str``/``bytes`` are leaves.
 """
 
 from __future__ import annotations
@@ -49,7 +47,8 @@ def map_structure(data: Any, leaf: Callable[[Any], Any]) -> Any:
     if isinstance(data, (str, bytes)):
         return leaf(data)
     if isinstance(data, Mapping):
-        return rebuild_mapping(data, {k: map_structure(v, leaf) for k, v in data.items()})
+        # (by key, as torch: a mapping's own __getitem__ is what it answers)
+        return rebuild_mapping(data, {k: map_structure(data[k], leaf) for k in data})
     if is_namedtuple(data):
         return type(data)(*(map_structure(v, leaf) for v in data))
     if isinstance(data, tuple):

@@ -2,14 +2,10 @@
 :func:`default_convert` and the extensible :data:`default_collate_fn_map`.
 
 The output is the one torch gives for the same input (types, dtypes, shapes, values,
-containers). Two things differ underneath:
-
-* batch tensors are allocated through the loader's allocator (reused host buffers in the main
-  process, shared memory in process workers), so each sample is written once into memory that
-  is already mapped, and nothing is copied again on its way to the training loop;
-* a :class:`RowBatch` (what the built-in tensor datasets' ``__getitems__`` returns) is already a
-  batch in columns: :func:`default_collate` hands the columns back without splitting them into
-  rows and stacking them again.
+containers). One thing differs underneath: batch tensors are allocated through the loader's
+allocator (reused host buffers in the main process, shared memory in process workers), so each
+sample is written once into memory that is already mapped, and nothing is copied again on its
+way to the training loop.
 
 Example::
 
@@ -19,8 +15,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, overload
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -35,7 +32,6 @@ except ImportError:  # numpy is optional
 __all__ = [
     "CollateFn",
     "CollateFnMap",
-    "RowBatch",
     "collate",
     "collate_float_fn",
     "collate_int_fn",
@@ -53,44 +49,13 @@ CollateFn = Callable[..., Any]
 CollateFnMap = dict[type | tuple[type, ...], CollateFn]
 
 # dtype kinds numpy uses for bytes, unicode and Python objects: such arrays are not numbers.
-_NON_NUMERIC_KINDS = frozenset("SaUO")
+# numpy dtypes that hold no numbers, as torch finds them: any of these letters in the dtype's
+# string (bytes, str, object; the "a" also catches datetimes in attoseconds, "<M8[as]").
+_NOT_NUMBERS = re.compile("[SaUO]")
 
 _SPARSE_LAYOUTS = frozenset(
     {torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc}
 )
-
-
-class RowBatch(Sequence[tuple[torch.Tensor, ...]]):
-    """A batch of rows held as columns: row ``i`` is ``tuple(c[i] for c in columns)``.
-
-    Reads like a list of row tuples; :func:`default_collate` returns ``list(columns)`` directly,
-    which is what stacking the rows would give.
-    """
-
-    __slots__ = ("columns",)
-
-    def __init__(self, columns: tuple[torch.Tensor, ...]) -> None:
-        self.columns = columns
-
-    def __len__(self) -> int:
-        return self.columns[0].shape[0] if self.columns else 0
-
-    @overload
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[tuple[torch.Tensor, ...]]: ...
-    def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"RowBatch index {index} out of range for {len(self)} rows")
-        return tuple(c[index] for c in self.columns)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        return zip(*(c.unbind(0) for c in self.columns), strict=True)
-
-    def __repr__(self) -> str:
-        return f"RowBatch(rows={len(self)}, columns={len(self.columns)})"
 
 
 def _unsupported(found: object) -> TypeError:
@@ -130,9 +95,9 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
             elem, {k: collate([d[k] for d in batch], collate_fn_map=collate_fn_map) for k in elem}
         )
     if is_namedtuple(elem):
-        return elem_type(
-            *(collate(s, collate_fn_map=collate_fn_map) for s in zip(*batch, strict=True))
-        )
+        # Fields as far as every sample has them, as torch's zip reads them (no size check).
+        fields = zip(*batch)  # noqa: B905
+        return elem_type(*(collate(s, collate_fn_map=collate_fn_map) for s in fields))
     if isinstance(elem, Sequence):
         size = len(elem)
         for position, sample in enumerate(batch):
@@ -197,7 +162,7 @@ def collate_numpy_array_fn(
 ) -> Any:
     """Numeric numpy arrays become one tensor (arrays of str or objects are an error)."""
     elem = batch[0]
-    if elem.dtype.kind in _NON_NUMERIC_KINDS:
+    if _NOT_NUMBERS.search(elem.dtype.str):
         raise TypeError(
             "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or "
             f"lists; found {elem.dtype}. numpy arrays of dtype {elem.dtype} hold no numbers and "
@@ -247,9 +212,9 @@ _PRISTINE_MAP = tuple(default_collate_fn_map.items())
 def default_map_is_pristine() -> bool:
     """Whether :data:`default_collate_fn_map` still holds exactly its built-in entries.
 
-    The shortcuts that skip re-stacking rows (a :class:`RowBatch`, the loader's one-call tensor
-    gather) give what the built-in functions would give; once a user extends or replaces an
-    entry, batches must go through the map.
+    The loader's one-call tensor gather, which skips stacking rows, gives what the built-in
+    functions would give; once a user extends or replaces an entry, batches must go through
+    the map.
     """
     current = default_collate_fn_map
     return len(current) == len(_PRISTINE_MAP) and all(
@@ -277,17 +242,13 @@ def default_collate(batch: Sequence[Any]) -> Any:
         >>> default_collate([(0, 1), (2, 3)])
         [tensor([0, 2]), tensor([1, 3])]
     """
-    if type(batch) is RowBatch:
-        if default_map_is_pristine():
-            return list(batch.columns)
-        batch = list(batch)
     return collate(batch, collate_fn_map=default_collate_fn_map)
 
 
 def _convert_leaf(data: Any) -> Any:
     elem_type = type(data)
     if elem_type.__module__ == "numpy" and elem_type.__name__ not in ("str_", "string_"):
-        if elem_type.__name__ == "ndarray" and data.dtype.kind in _NON_NUMERIC_KINDS:
+        if elem_type.__name__ == "ndarray" and _NOT_NUMBERS.search(data.dtype.str):
             return data
         return torch.as_tensor(data)
     return data

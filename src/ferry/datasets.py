@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import operator
+import numbers
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, overload
@@ -36,7 +36,7 @@ from ferry._torch_types import (
     TorchTwin,
     is_ferry_instance,
 )
-from ferry.collate import RowBatch
+from ferry.collate import default_collate
 
 __all__ = [
     "ChainDataset",
@@ -122,7 +122,9 @@ def fetch_many(dataset: Any, indices: Sequence[Any]) -> Sequence[Any]:
 class TensorDataset(Dataset[tuple[torch.Tensor, ...]], TorchTensorDataset, twin=TorchTensorDataset):
     """Rows of tensors that share their first dimension: sample ``i`` is ``(t[i] for t)``.
 
-    A batch is gathered with one indexing call per tensor, not one per row.
+    ferry's loader gathers a batch with one indexing call per tensor, not one per row, where
+    that is the batch torch would stack (see :func:`tensor_gather`). Like torch's, it has no
+    ``__getitems__``: whoever reads it row by row gets torch's rows.
     """
 
     tensors: tuple[torch.Tensor, ...]
@@ -140,20 +142,12 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]], TorchTensorDataset, twin=
     def __getitem__(self, index: Any) -> tuple[torch.Tensor, ...]:
         return tuple(t[index] for t in self.tensors)
 
-    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, ...]]:
-        keys = indices if isinstance(indices, (list, tuple)) else list(indices)
-        plain = keys and self.tensors and not _overrides_getitem(self, TensorDataset)
-        if plain and all(type(k) is int for k in keys):
-            return RowBatch(self._ferry_gather(torch.tensor(keys, dtype=torch.int64)))
-        # Anything else (floats, bools, slices, numpy ints...) is indexed one key at a time,
-        # exactly as the per-sample path would, so errors and results are torch's.
-        return [self[k] for k in keys]
-
     def __len__(self) -> int:
         return self.tensors[0].size(0)
 
     def _ferry_gather(self, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(t[index] for t in self.tensors)
+        # Contiguous, as stacking the rows makes it (indexing keeps a channels_last layout).
+        return tuple(_dense(t[index]) for t in self.tensors)
 
 
 class StackDataset(Dataset[T_co], TorchStackDataset[Any], twin=TorchStackDataset):
@@ -174,8 +168,9 @@ class StackDataset(Dataset[T_co], TorchStackDataset[Any], twin=TorchStackDataset
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if args and kwargs:
             raise ValueError(
-                "Supported either tuple-like samples (datasets passed positionally) or dict-like "
-                "samples (datasets passed by keyword) in StackDataset, but both types are given: "
+                "Supported either ``tuple``- (via ``args``) or``dict``- (via ``kwargs``) like "
+                "input/output, but both types are given. StackDataset makes tuple samples from "
+                "datasets passed positionally, dict samples from datasets passed by keyword: "
                 "pass every dataset the same way"
             )
         parts = list(args or kwargs.values())
@@ -267,24 +262,9 @@ class ConcatDataset(Dataset[T_co], TorchConcatDataset[T_co], twin=TorchConcatDat
         offset = self.cumulative_sizes[part - 1] if part else 0
         return part, index - offset
 
-    def __getitem__(self, index: int) -> T_co:
-        part, local = self._locate(index)
+    def __getitem__(self, idx: int) -> T_co:
+        part, local = self._locate(idx)
         return self.datasets[part][local]  # type: ignore[no-any-return]
-
-    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        if _overrides_getitem(self, ConcatDataset):
-            return [self[i] for i in indices]
-        # Group the keys by part so each part answers with one batched call, then restore order.
-        by_part: dict[int, list[tuple[int, int]]] = {}
-        for position, index in enumerate(indices):
-            part, local = self._locate(index)
-            by_part.setdefault(part, []).append((position, local))
-        out: list[Any] = [None] * len(indices)
-        for part, pairs in by_part.items():
-            items = fetch_many(self.datasets[part], [local for _, local in pairs])
-            for (position, _), item in zip(pairs, items, strict=True):
-                out[position] = item
-        return out
 
 
 class ChainDataset(IterableDataset, TorchChainDataset, twin=TorchChainDataset):  # type: ignore[type-arg]
@@ -353,10 +333,27 @@ class Subset(Dataset[T_co], TorchSubset[T_co], twin=TorchSubset):
         if inner is None:
             raise TypeError(f"{type(self.dataset).__name__} has no one-call tensor gather")
         # Read self.indices every time: the user may replace it between epochs.
-        if isinstance(self.indices, torch.Tensor):
-            return inner(self.indices[index])
-        keys = [operator.index(self.indices[i]) for i in index.tolist()]
-        return inner(torch.tensor(keys, dtype=torch.int64))
+        indices = self.indices
+        if isinstance(indices, torch.Tensor) and indices.dtype in _INDEX_DTYPES:
+            return inner(indices[index])
+        keys = [indices[i] for i in index.tolist()]
+        if all(type(k) is int or _integer_scalar(k) for k in keys):
+            return inner(torch.tensor(keys, dtype=torch.int64))
+        # Slices, lists, bools, a mask...: each row read as torch reads it, then stacked.
+        return tuple(default_collate([self.dataset[k] for k in keys]))
+
+
+# Index tensors that pick rows (a bool or uint8 tensor is a mask, read row by row as torch does).
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8)
+
+
+def _integer_scalar(key: object) -> bool:
+    """A key that picks one row as an int does (numpy's integers), not a bool."""
+    return isinstance(key, numbers.Integral) and not isinstance(key, bool)
+
+
+def _dense(gathered: torch.Tensor) -> torch.Tensor:
+    return gathered if gathered.is_contiguous() else gathered.contiguous()
 
 
 def _overrides_getitem(dataset: object, base: type) -> bool:
@@ -373,7 +370,12 @@ def tensor_gather(dataset: object) -> Callable[[torch.Tensor], tuple[torch.Tenso
     """
     if is_ferry_instance(dataset, TensorDataset):
         plain = not _overrides_getitem(dataset, TensorDataset)
-        plain = plain and type(dataset).__getitems__ is TensorDataset.__getitems__
+        plain = plain and getattr(type(dataset), "__getitems__", None) is None
+        # (sparse layouts, and tensors that record autograd: the rows, stacked, fail or
+        # record as in torch)
+        plain = plain and all(
+            t.layout == torch.strided and not t.requires_grad for t in dataset.tensors
+        )
         return dataset._ferry_gather if plain and dataset.tensors else None
     if (
         is_ferry_instance(dataset, Subset)

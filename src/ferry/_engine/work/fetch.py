@@ -23,7 +23,7 @@ import torch
 from ferry._core.alloc import Allocator, using_allocator
 from ferry._engine.work.aio import AsyncReads
 from ferry._engine.work.reads import Failed, SampleReads, busy_of
-from ferry.collate import RowBatch, default_collate, default_map_is_pristine
+from ferry.collate import default_collate, default_map_is_pristine
 from ferry.datasets import fetch_many, tensor_gather
 from ferry.errors import SkippedSample
 
@@ -167,8 +167,11 @@ class MapFetcher(_TimedFetch):
         start = perf_counter()
         if not self.auto_collation:
             samples = self.dataset[key] if self._one is None else self._one(self.dataset, key)
-        elif isinstance(key, torch.Tensor) and self.gather is not None:
-            # Already the collated batch: the columns of the rows at these indices.
+        elif self.gather is not None and (isinstance(key, torch.Tensor) or _int_keys(key)):
+            # Already the collated batch: the columns of the rows at these indices (the
+            # built-in samplers' keys come as a tensor; a user's sampler's as ints).
+            if not isinstance(key, torch.Tensor):
+                key = torch.tensor(key, dtype=torch.int64)
             batch = list(self.gather(key))
             self.fetch_s, self.collate_s = perf_counter() - start, 0.0
             return batch
@@ -176,9 +179,12 @@ class MapFetcher(_TimedFetch):
             samples = self.reads.read(self.dataset, _key_list(key))
         else:
             samples = fetch_many(self.dataset, key)
-            if type(samples) is RowBatch and not self._default:
-                samples = list(samples)  # a user's collate_fn gets the plain list torch gives
         return self._collate(samples, start)
+
+
+def _int_keys(key: Any) -> bool:
+    """Keys a one-call gather reads as the rows would be read: a non-empty list of ints."""
+    return type(key) is list and bool(key) and all(type(k) is int for k in key)
 
 
 def _key_list(key: Any) -> list[Any]:
