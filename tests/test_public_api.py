@@ -185,6 +185,8 @@ BASE_CLASSES = {f"torch.utils.data.{n}" for n in CLASS_NAMES if n != "Distribute
     "torch.utils.data.distributed.DistributedSampler",
     # the base of ferry's iterators (Lightning's CombinedLoader tests it), imported defensively
     "torch.utils.data.dataloader._BaseDataLoaderIter",
+    # the class of a stream loader's sampler (torchdata's StatefulDataLoader tests it)
+    "torch.utils.data.dataloader._InfiniteConstantSampler",
 }
 
 

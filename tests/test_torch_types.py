@@ -630,3 +630,18 @@ def test_ferrys_own_checks_stay_exact() -> None:
 
 class _TorchBatches(tud.BatchSampler):
     """A library's batch sampler: torch's, by subclass (not a record of the exact class)."""
+
+
+def test_a_stream_loaders_sampler_is_of_torchs_class() -> None:
+    """torch gives an iterable-style dataset's loader an ``_InfiniteConstantSampler``, which
+    code tests (torchdata's StatefulDataLoader does); ferry's is one too."""
+    from torch.utils.data.dataloader import _InfiniteConstantSampler
+
+    class Stream(ferry.IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            return iter(range(3))
+
+    loader = ferry.DataLoader(Stream(), batch_size=2)
+    assert isinstance(loader.sampler, _InfiniteConstantSampler)
+    assert isinstance(loader.batch_sampler.sampler, _InfiniteConstantSampler)
+    assert [b.tolist() for b in loader] == [[0, 1], [2]]

@@ -79,6 +79,18 @@ except ImportError:  # pragma: no cover - a torch without it: the type is ferry'
         """Stands for torch's iterator base class where torch has none by that name."""
 
 
+try:
+    # Private to torch too: the sampler torch gives an iterable-style dataset's loader, which
+    # code tests (torchdata's StatefulDataLoader does).
+    from torch.utils.data.dataloader import (
+        _InfiniteConstantSampler as TorchStreamSampler,
+    )
+except ImportError:  # pragma: no cover - a torch without it: the type is ferry's alone
+
+    class TorchStreamSampler(TorchSampler[None]):  # type: ignore[no-redef]
+        """Stands for torch's stream sampler where torch has none by that name."""
+
+
 __all__ = [
     "TorchBatchSampler",
     "TorchChainDataset",
@@ -92,6 +104,7 @@ __all__ = [
     "TorchSampler",
     "TorchSequentialSampler",
     "TorchStackDataset",
+    "TorchStreamSampler",
     "TorchSubset",
     "TorchSubsetRandomSampler",
     "TorchTensorDataset",

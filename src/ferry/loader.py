@@ -95,7 +95,6 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
     __initialized = False
     # torch's class declares this None (its type: the value it starts with); it holds a length.
     _IterableDataset_len_called: int | None = None  # type: ignore[assignment]
-    _warned_pin_device = False  # the pin_memory_device deprecation is told once per loader
 
     def __init__(  # noqa: PLR0917 - torch's signature takes these positionally
         self,
@@ -206,7 +205,6 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         self._resume = Resumer()
         self._pool: BufferPool | None = None
         self._pool_lock = threading.Lock()
-        self._warned_no_accelerator = False
         self.__initialized = True
         self.check_worker_number_rationality()
 
@@ -412,6 +410,13 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
                 f"(num_workers={self.num_workers}): it is the number of batches each worker "
                 f"loads ahead, got prefetch_factor={self.prefetch_factor}"
             )
+        # As torch's iterators warn when made (not when a kept one is reset), in its order;
+        # attributed to the user's line (user -> __iter__ -> _obtain_iterator ->
+        # _get_iterator -> here -> the check).
+        if self.num_workers > 0:
+            self._check_workers(stacklevel=6)
+        if self.pin_memory:
+            self._warn_pinning(stacklevel=6)
         plan = self._plan()
         self._resume.begin(self.dataset)  # (warns once, here, if it cannot be asked)
         resume, budget, run = self._resume.take_pending()
@@ -431,18 +436,9 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
     def _plan(self) -> EpochPlan:
         """This loader's parts and options as the next epoch will use them."""
         pin = self.pin_memory and accelerator_available()
-        if self.pin_memory and not pin and not self._warned_no_accelerator:
-            self._warned_no_accelerator = True
-            warnings.warn(NO_ACCELERATOR, UserWarning, stacklevel=4)
         accelerator = accelerator_type() if pin else None
         if accelerator == "mps":  # pinning fails there (as torch: warn, and do not pin)
             pin = False
-            if not self._warned_no_accelerator:
-                self._warned_no_accelerator = True
-                warnings.warn(PIN_ON_MPS, UserWarning, stacklevel=4)
-        if self.pin_memory and self.pin_memory_device and not self._warned_pin_device:
-            self._warned_pin_device = True
-            warnings.warn(pin_device_deprecated(self.pin_memory_device), UserWarning, stacklevel=4)
         return EpochPlan(
             dataset=self.dataset,
             iterable_style=self._iterable_style,
@@ -497,10 +493,26 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
 
     def check_worker_number_rationality(self) -> None:
         """Warn when ``num_workers`` exceeds the CPUs this process may run on (or when that
-        number is unknown)."""
+        number is unknown). Asked when the loader is built and, as torch asks it, each time an
+        iterator with workers is made (``num_workers`` may have changed since)."""
+        self._check_workers(stacklevel=4)
+
+    def _warn_pinning(self, stacklevel: int) -> None:
+        """``pin_memory=True`` where it cannot pin, or with the deprecated device option."""
+        if self.pin_memory_device:
+            warnings.warn(
+                pin_device_deprecated(self.pin_memory_device), UserWarning, stacklevel=stacklevel
+            )
+        if not accelerator_available():
+            warnings.warn(NO_ACCELERATOR, UserWarning, stacklevel=stacklevel)
+        elif accelerator_type() == "mps":
+            warnings.warn(PIN_ON_MPS, UserWarning, stacklevel=stacklevel)
+
+    def _check_workers(self, stacklevel: int) -> None:
+        """The check, its warning attributed ``stacklevel`` frames up from here."""
         message = too_many_workers(self.num_workers, self.worker_type)
         if message is not None:
-            warnings.warn(message, UserWarning, stacklevel=3)
+            warnings.warn(message, UserWarning, stacklevel=stacklevel)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -39,6 +39,7 @@ from ferry._torch_types import (
     TorchRandomSampler,
     TorchSampler,
     TorchSequentialSampler,
+    TorchStreamSampler,
     TorchSubsetRandomSampler,
     TorchTwin,
     TorchWeightedRandomSampler,
@@ -423,11 +424,11 @@ class BatchSampler(Sampler[list[Any]], TorchBatchSampler, twin=TorchBatchSampler
 BatchSampler.__new__.__signature__ = inspect.signature(BatchSampler.__init__)  # type: ignore[attr-defined]
 
 
-class _StreamSampler(Sampler[None]):
+class _StreamSampler(Sampler[None], TorchStreamSampler):
     """The sampler of an iterable-style dataset: one ``None`` per sample, without end.
 
-    Kept so ``loader.sampler``/``loader.batch_sampler`` exist as in torch; the stream itself
-    decides where the epoch ends.
+    Kept so ``loader.sampler``/``loader.batch_sampler`` exist as in torch, and of the class
+    torch's is (``_InfiniteConstantSampler``); the stream itself decides where the epoch ends.
     """
 
     def __iter__(self) -> Iterator[None]:

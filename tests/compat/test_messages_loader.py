@@ -630,3 +630,50 @@ def test_too_many_thread_workers_says_what_is_true_of_threads() -> None:
     assert "This DataLoader will create 2 worker threads in total" in message
     assert "excessive worker creation might get DataLoader running slow or even freeze" in message
     assert "Threads that wait on I/O (network, object stores) are not bound by the CPU" in message
+
+
+def _warned(build: Any, epochs: int) -> list[str]:
+    """The start of each warning while a loader built by ``build`` runs ``epochs`` epochs."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = build()
+        for _ in range(epochs):
+            for _ in loader:
+                pass
+    return [str(w.message)[:40] for w in caught]
+
+
+@NO_ACCELERATOR
+def test_pinning_warnings_come_with_each_new_iterator_in_torchs_order() -> None:
+    import ferry
+
+    def build(module: Any) -> Any:
+        return lambda: module.DataLoader(range(4), pin_memory=True, pin_memory_device="cuda")
+
+    expected = _warned(build(torch.utils.data), epochs=2)
+    assert len(expected) == 4
+    assert _warned(build(ferry), epochs=2) == expected
+
+
+@WORKERS
+def test_too_many_workers_is_checked_again_by_each_new_iterator() -> None:
+    """torch checks when the loader is built and when an iterator with workers is made, so a
+    ``num_workers`` raised later warns too; a persistent iterator's next epoch does not."""
+    import ferry
+
+    def build(module: Any, **options: Any) -> Any:
+        def made() -> Any:
+            made_loader = module.DataLoader(range(4), num_workers=1, **options)
+            made_loader.num_workers = 2
+            return made_loader
+
+        return made
+
+    for options in ({"multiprocessing_context": "fork"}, {"persistent_workers": True}):
+        with cpus({0}, 8):
+            expected = _warned(build(torch.utils.data, **options), epochs=2)
+            got = _warned(build(ferry, **options), epochs=2)
+        assert got == expected, options
+        assert len(got) == (1 if "persistent_workers" in options else 2)
