@@ -172,6 +172,49 @@ def test_last_batch_and_stop_iteration_states_resume_as_torchdata_does() -> None
     assert resumed_epochs(shuffled(seed=9, batch_size=4), stop_iteration, 1) == [reference[2]]
 
 
+class _Rewinding(ferry.IterableDataset):  # type: ignore[type-arg]
+    """A stream whose position is the dataset's state, set back to 0 when a pass runs out."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.pos = n, 0
+
+    def __iter__(self) -> Iterator[int]:
+        while self.pos < self.n:
+            self.pos += 1
+            yield self.pos - 1
+        self.pos = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_stream_that_ran_out_in_its_short_last_batch_has_nothing_left(workers: int) -> None:
+    """Saved after the short last batch (StopIteration not seen), a stream whose dataset
+    rewinds itself as it runs out says "position 0": the mark that it had run out must win,
+    or the resumed epoch reads it all again. torchdata's fetcher keeps the mark without
+    workers, and loses it with them (it replays the epoch); ferry ends the epoch in both."""
+
+    def loader() -> ferry.DataLoader[Any]:
+        options: dict[str, Any] = {"multiprocessing_context": "fork"} if workers else {}
+        return ferry.DataLoader(_Rewinding(10), batch_size=3, num_workers=workers, **options)
+
+    whole = [b.tolist() for b in loader()]  # the epoch, each worker's copy in turn
+    original = loader()
+    iterator = iter(original)
+    assert [next(iterator).tolist() for _ in whole] == whole
+    state = json.loads(json.dumps(original.state_dict()))
+    del iterator
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == []  # the saved epoch: nothing left
+    assert [b.tolist() for b in resumed] == whole  # the next one, from the start
+
+
 @pytest.mark.timeout(30)
 def test_state_right_after_load_is_the_loaded_state() -> None:
     original = shuffled(seed=1)

@@ -112,7 +112,10 @@ class WorkerCursor:
     ``ended`` (a persistent worker's stream, when a resume went through an ended epoch): its
     position in that epoch; the worker opens its stream there and reads it to its end before
     this epoch begins, so a dataset whose state says where its stream stands goes on from that
-    end, as the uninterrupted worker's did (not saved).
+    end, as the uninterrupted worker's did (not saved). ``exhausted``: its stream ran out while
+    it made its last batch (a short one): resumed there, it has no batch left this epoch,
+    whatever its states say (a dataset that rewinds itself when its stream ends would
+    otherwise read the epoch again).
     """
 
     items: int = 0
@@ -121,6 +124,7 @@ class WorkerCursor:
     since: Runs = ()
     replay: tuple[Any, ...] = field(default=(), compare=False)
     ended: WorkerCursor | None = field(default=None, compare=False)
+    exhausted: bool = False
 
     def fetched(self, number: int) -> WorkerCursor:
         """This position after the worker fetched key ``number`` and took no snapshot."""
@@ -151,6 +155,7 @@ class WorkerCursor:
             "rng": None if self.rng is None else self.rng.to_plain(),
             "snapshot": self.snapshot.to_plain(),
             "since": [list(run) for run in self.since],
+            "exhausted": self.exhausted,
         }
 
     @classmethod
@@ -162,7 +167,12 @@ class WorkerCursor:
         since = tuple((int(a), int(b), int(c)) for a, b, c in plain.get("since", ()))
         if any(a < 0 or b < 1 or c < 1 for a, b, c in since):
             raise ValueError("a worker's key numbers are invalid")
-        return cls(int(plain["items"]), rng, Snapshot.from_plain(plain["snapshot"]), since)
+        # (nor "exhausted": such a state was saved by a ferry that did not tell)
+        exhausted = plain.get("exhausted", False)
+        if not isinstance(exhausted, bool):
+            raise ValueError("a worker's 'exhausted' must be true or false")
+        snapshot = Snapshot.from_plain(plain["snapshot"])
+        return cls(int(plain["items"]), rng, snapshot, since, exhausted=exhausted)
 
 
 @dataclass(frozen=True)

@@ -42,14 +42,22 @@ class WorkerReport:
     items: int
     rng: ProcessRng | None = None
     snapshot: Snapshot | None = None
+    exhausted: bool = False  # the stream ran out while this batch was made
 
     def resolve(self, previous: WorkerCursor) -> WorkerCursor:
         """The full position this report describes, given the worker's previous one (the keys
         fetched since the previous snapshot go on until a new snapshot)."""
         rng = self.rng if self.rng is not None else previous.rng
         if self.snapshot is not None:
-            return WorkerCursor(self.items, rng, self.snapshot)
-        return WorkerCursor(self.items, rng, previous.snapshot, previous.since, previous.replay)
+            return WorkerCursor(self.items, rng, self.snapshot, exhausted=self.exhausted)
+        return WorkerCursor(
+            self.items,
+            rng,
+            previous.snapshot,
+            previous.since,
+            previous.replay,
+            exhausted=self.exhausted,
+        )
 
 
 # The classes whose state_dict() raised the first time it was asked, in this process: their
@@ -115,9 +123,16 @@ class PositionKeeper:
         )
         if isinstance(fetcher, IterableFetcher) and resume is not None:
             fetcher.items = snapshot.items
-            if snapshot.stream is not None and self._stream_stateful:
-                fetcher.stream.load_state_dict(snapshot.stream)  # type: ignore[attr-defined]
-            fetcher.drop(resume.items - snapshot.items)
+            if resume.exhausted:
+                # Its stream had run out: nothing is left of this epoch, whatever the states
+                # say (torchdata's fetcher keeps the same mark). The dataset's state, loaded
+                # above, is where the next epoch starts.
+                fetcher.items = resume.items
+                fetcher.end()
+            else:
+                if snapshot.stream is not None and self._stream_stateful:
+                    fetcher.stream.load_state_dict(snapshot.stream)  # type: ignore[attr-defined]
+                fetcher.drop(resume.items - snapshot.items)
         if resume is not None and resume.rng is not None and self._rng is not None:
             resume.rng.restore()
         if self._rng is not None:
@@ -142,7 +157,8 @@ class PositionKeeper:
             snapshot = self.states(fetcher)
         if rng is None and snapshot is None and not isinstance(fetcher, IterableFetcher):
             return None
-        return WorkerReport(items, rng, snapshot)
+        exhausted = isinstance(fetcher, IterableFetcher) and fetcher.ended
+        return WorkerReport(items, rng, snapshot, exhausted)
 
     def states(self, fetcher: MapFetcher | IterableFetcher) -> Snapshot:
         """The user states as they stand now. A stream that is the dataset itself has one
@@ -198,5 +214,6 @@ class PositionKeeper:
     def live(self, fetcher: MapFetcher | IterableFetcher) -> WorkerCursor:
         """The position as it stands now, user states included (the main process's, which the
         loader reads when its state is asked for, as torchdata does without workers)."""
-        items = fetcher.items if isinstance(fetcher, IterableFetcher) else 0
-        return WorkerCursor(items, None, self.states(fetcher))
+        if not isinstance(fetcher, IterableFetcher):
+            return WorkerCursor(0, None, self.states(fetcher))
+        return WorkerCursor(fetcher.items, None, self.states(fetcher), exhausted=fetcher.ended)

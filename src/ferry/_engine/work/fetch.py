@@ -333,9 +333,21 @@ class IterableFetcher(_TimedFetch):
             raise StopIteration
         return self._collate(samples[0] if count is None else samples, start)
 
+    @property
+    def ended(self) -> bool:
+        """Whether the stream has run out (every later fetch raises StopIteration)."""
+        return self._ended
+
+    def end(self) -> None:
+        """Take the stream as run out (a resume where it had): no sample is read from it."""
+        self._ended = True
+
     def drop(self, count: int) -> None:
         """Read and drop ``count`` samples (a resume of a stream that has no state); with
-        ``on_error="skip"``, items that fail count as read (they were dropped the first time)."""
+        ``on_error="skip"``, items that fail count as read (they were dropped the first time).
+        A stream that has run out is not read."""
+        if self._ended:
+            return
         for _ in range(count):
             try:
                 next(self.stream)
