@@ -638,14 +638,15 @@ def test_get_worker_info_is_none_in_the_main_process() -> None:
 
 
 @pytest.mark.skipif(accelerator_available(), reason="checks the no-accelerator fallback")
-def test_pin_memory_without_an_accelerator_warns_once_and_yields_plain_tensors() -> None:
+def test_pin_memory_without_an_accelerator_warns_each_epoch_and_yields_plain_tensors() -> None:
+    """As torch's: each new iterator warns (the default filter shows it once a line)."""
     loader = ferry.DataLoader(ferry.TensorDataset(X, Y), batch_size=4, pin_memory=True)
     with pytest.warns(UserWarning, match="pin_memory") as caught:
         first = list(loader)
     assert len([w for w in caught if "pin_memory" in str(w.message)]) == 1
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with pytest.warns(UserWarning, match="pin_memory") as caught:
         second = list(loader)
+    assert len([w for w in caught if "pin_memory" in str(w.message)]) == 1
     for batch in first + second:
         assert not any(t.is_pinned() for t in batch)
     torch_batches = list(tud.DataLoader(tud.TensorDataset(X, Y), batch_size=4))

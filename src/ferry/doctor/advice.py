@@ -14,7 +14,7 @@ from typing import Any
 
 from ferry._core.stateful import has_state_methods
 from ferry._torch_types import TorchSubset
-from ferry.datasets import is_iterable_style
+from ferry.datasets import is_iterable_style, tensor_gather
 from ferry.doctor.measure import Measurement, ThreadProbe
 from ferry.stats import LoaderStats
 
@@ -413,6 +413,8 @@ def batch_getitems(f: Findings) -> Advice | None:
     batch_size = f.options.get("batch_size")
     if is_iterable_style(dataset) or callable(getattr(dataset, "__getitems__", None)):
         return None
+    if tensor_gather(f.options["dataset"]) is not None:
+        return None  # the loader gathers its batches in one call already
     if batch_size is None and f.options.get("batch_sampler") is None:
         return None  # batching off: one sample a batch
     share = stage_shares(f.stats)["fetch"]
