@@ -216,13 +216,17 @@ class SkippedSample:
 
 
 def rebuild_exception(blob: bytes | None, type_name: str, message: str) -> BaseException:
-    """The worker's exception object, or a RuntimeError standing in for one that could not
-    travel (an exception class that cannot be pickled or rebuilt)."""
+    """The worker's exception object; where it could not travel, its class called with its
+    message, as torch rebuilds a worker's exception (so ``except ValueError`` still catches
+    it); a RuntimeError standing in where neither can be had (a class that cannot be pickled,
+    or called with one message)."""
     if blob is not None:
         try:
-            exc = pickle.loads(blob)
-            if isinstance(exc, BaseException):
-                return exc
+            sent = pickle.loads(blob)
+            if isinstance(sent, BaseException):
+                return sent
+            if isinstance(sent, type) and issubclass(sent, BaseException):
+                return sent(message)
         except Exception:
             pass
     return RuntimeError(f"{type_name}: {message}")

@@ -293,6 +293,14 @@ class NeedsTwoArgs(Exception):
         super().__init__(f"{first} and {second}")
 
 
+class HoldsALock(ValueError):
+    """An exception that cannot be pickled (it holds a lock), whose class can."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
 def explode_in_getitem(index: int) -> None:
     raise Boom(f"boom at index {index}")
 
@@ -314,6 +322,8 @@ class FailAt:
                 raise NeedsTwoArgs("first", "second")
             if self.kind == "key":
                 raise KeyError(f"missing {index}")
+            if self.kind == "locked":
+                raise HoldsALock(f"bad sample {index}")
             explode_in_getitem(index)
         return index
 

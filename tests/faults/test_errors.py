@@ -154,6 +154,20 @@ def test_exception_that_cannot_be_rebuilt(kind: Kind) -> None:
     assert steps(torch_loader) == [[0], RuntimeError, [2], [3]]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fork", "spawn"], indirect=True)
+def test_exception_that_cannot_be_pickled_keeps_its_class(kind: Kind) -> None:
+    """Its class travels and is called with the message, as torch rebuilds it: ``except
+    ValueError`` still catches it (it was a RuntimeError standing in)."""
+    loader = ferry.DataLoader(ds.FailAt(4, bad=1, kind="locked"), num_workers=1, **kind.kwargs)
+    iterator = iter(loader)
+    next(iterator)
+    with pytest.raises(ds.HoldsALock, match="bad sample 1") as caught:
+        next(iterator)
+    assert "Caught HoldsALock in DataLoader worker process 0" in notes(caught.value)
+    assert [b.tolist() for b in iterator] == [[2], [3]]
+
+
 # -- iterable-style, collate_fn, worker_init_fn ---------------------------------------------------
 
 
@@ -228,8 +242,8 @@ def test_worker_init_fn_error(kind: Kind) -> None:
     assert "worker_init_fn" in text
     assert any(f"worker process {w} (pid {pids[w]})" in text for w in (0, 1)), text
     assert "in failing_init" in text
-    # The loader cannot go on without that worker: the same error again, not a hang.
-    with pytest.raises(ds.Boom):
+    # The loader cannot go on without that worker: the iterator is over, not a hang.
+    with pytest.raises(StopIteration):
         next(iterator)
 
 

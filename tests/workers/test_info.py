@@ -83,6 +83,30 @@ def test_worker_info_fields(kind: Kind) -> None:
     assert {s["process_type"] for s in got} == {process_type[kind.name]}
 
 
+class _Method(tud.Dataset):  # type: ignore[type-arg]
+    """Each sample: what torch's get_worker_info() says of torch 2.13's newer fields."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> Any:
+        info = tud.get_worker_info()
+        return (info.rng, info.worker_method)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", FAST, indirect=True)
+def test_worker_info_has_torchs_newer_fields(kind: Kind) -> None:
+    """``rng`` and ``worker_method`` (torch 2.13), read by code written for torch: a thread
+    worker says "thread", as torch's thread workers do."""
+    got = list(ferry.DataLoader(_Method(), batch_size=None, num_workers=1, **kind.kwargs))
+    method = "thread" if kind.threads else "multiprocessing"
+    assert got == [[None, method], [None, method]]  # (default_convert: tuples to lists)
+    if not kind.threads:
+        torch_loader = tud.DataLoader(_Method(), batch_size=None, num_workers=1, **kind.kwargs)
+        assert list(torch_loader) == got
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", FAST, indirect=True)
 def test_main_thread_sees_no_worker_info_while_workers_run(kind: Kind) -> None:

@@ -192,8 +192,8 @@ def test_a_hung_pin_is_bounded_by_the_loaders_timeout(kind: Kind, fake: FakePinn
         assert time.monotonic() - started < 10
         assert isinstance(info.value, ferry.errors.WorkerTimeout)
         assert "waiting for the pin_memory thread to pin batch 0" in str(info.value)
-        with pytest.raises(RuntimeError, match="timed out"):
-            next(iterator)  # the iterator is done
+        with pytest.raises(StopIteration):
+            next(iterator)  # the iterator is over: a hung pin is not waited for again
     finally:
         fake.released.set()
 
@@ -221,8 +221,8 @@ def test_an_error_found_while_reading_ahead_is_the_next_batchs(
     with pytest.raises(RuntimeError, match="the pipe broke while reading ahead"):
         next(iterator)
     assert iterator._crew.closed  # the workers and the pin thread were stopped
-    with pytest.raises(RuntimeError, match="the pipe broke"):
-        next(iterator)
+    with pytest.raises(StopIteration):
+        next(iterator)  # raised once, then the iterator is over
 
 
 @pytest.mark.parametrize("kind", FAST, indirect=True)

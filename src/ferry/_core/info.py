@@ -45,6 +45,10 @@ class WorkerInfo:
         num_workers: how many workers the loader runs.
         seed: the torch seed this worker was given (``base_seed + id``).
         dataset: this worker's copy of the dataset (the shared object for thread workers).
+        rng: as torch's field (its thread workers' own generators): None, since ferry's
+            thread workers share the process's generators.
+        worker_method: ``"multiprocessing"`` for a process worker, ``"thread"`` for a thread
+            worker, as torch names them.
 
     Example::
 
@@ -59,6 +63,8 @@ class WorkerInfo:
     num_workers: int
     seed: int
     dataset: Any
+    rng: Any = None
+    worker_method: str | None = "multiprocessing"
 
     def __repr__(self) -> str:
         return (

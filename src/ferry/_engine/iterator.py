@@ -60,12 +60,18 @@ from ferry._torch_types import TorchLoaderIterator
 from ferry.errors import TooManyErrors
 from ferry.stats import StatsRecorder
 
-__all__ = ["InlineIterator", "LoaderIterator"]
+__all__ = ["InlineIterator", "IteratorOver", "LoaderIterator"]
 
 
 def _option(name: str) -> Any:
     """A read-only attribute answering the epoch plan's ``name``."""
     return property(lambda self: getattr(self._plan, name), doc=f"The loader's ``{name}``.")
+
+
+class IteratorOver(StopIteration):
+    """From ``_next_batch``: an error that ended this iterator was raised already; this
+    ``next()`` says it is over without ending the epoch (its position stays where the error
+    found it)."""
 
 
 class LoaderIterator(TorchLoaderIterator):
@@ -265,6 +271,8 @@ class LoaderIterator(TorchLoaderIterator):
             delivery = self._next_batch()
             if delivery.outcome is not None:  # on_error="skip" counted samples
                 delivery = self._kept(delivery)
+        except IteratorOver:
+            raise StopIteration from None
         except StopIteration:
             track.ended()
             stats.epoch_ended(asked)

@@ -35,7 +35,7 @@ from ferry._engine.crew.kinds import worker_kind
 from ferry._engine.crew.worker import WorkerConfig
 from ferry._engine.failures import SkipBudget
 from ferry._engine.incidents import Incidents
-from ferry._engine.iterator import LoaderIterator, _option
+from ferry._engine.iterator import IteratorOver, LoaderIterator, _option
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position.counted import snapshots_itself
 from ferry._engine.position.cursor import Cursor, RunCounts
@@ -88,6 +88,7 @@ class WorkerIterator(LoaderIterator):
         self._crew = self._new_crew()
         self._incidents = Incidents(self._crew, self._schedule, self._track, self._stats)
         self._fatal: BaseException | None = None
+        self._fatal_raised = False  # whether the user was given self._fatal
         # num_workers="auto": workers that each hold a copy of the dataset (processes), whose
         # reads wait or whose memory grows past what the system has, give way to threads
         # (tuning/switch.py).
@@ -265,13 +266,19 @@ class WorkerIterator(LoaderIterator):
     # -- the main loop -------------------------------------------------------------------------
 
     def _fail(self, exc: BaseException) -> None:
-        """``exc`` ends this iterator: the workers stop now, and every later ``next()`` raises
-        it again."""
+        """``exc`` ends this iterator, and the caller raises it now: the workers stop now. The
+        next ``next()`` raises StopIteration (a loop that retries on errors ends, as over
+        torch's iterator when its worker died); the position stays at the last batch handed
+        out, so a state saved then resumes the epoch there."""
         self._fatal = exc
+        self._fatal_raised = True
         self._crew.stop()
 
     def _next_batch(self) -> Delivery:
         if self._fatal is not None:
+            if self._fatal_raised:
+                raise IteratorOver
+            self._fatal_raised = True
             raise self._fatal
         if self._auto.due:
             self._become_threads()
@@ -285,9 +292,11 @@ class WorkerIterator(LoaderIterator):
             if not self._plan.persistent_workers:
                 self._crew.stop()
             raise
-        except (WorkerDied, WorkerTimeout) as exc:
+        except WorkerDied as exc:
             self._fail(exc)
             raise
+        # (WorkerTimeout: the workers go on, and the next next() waits for the same batch
+        # again, as torch's does)
 
     def _become_threads(self) -> None:
         """``num_workers="auto"``: the process workers become threads here (ThreadMove.move)."""
@@ -346,6 +355,7 @@ class WorkerIterator(LoaderIterator):
         except Exception as exc:
             if self._fatal is None:
                 self._fail(exc)
+            self._fatal_raised = False  # raised at the next next(), not now
 
     def _pinned(self, batch: Any, number: int) -> Any:
         if isinstance(batch, PinJob):  # pinned by the pin thread since it arrived

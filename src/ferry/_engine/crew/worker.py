@@ -138,8 +138,10 @@ class WorkerConfig:
     def seed(self) -> int:
         return self.base_seed + self.worker_id
 
-    def info(self) -> WorkerInfo:
-        return WorkerInfo(self.worker_id, self.num_workers, self.seed, self.dataset)
+    def info(self, method: str = "multiprocessing") -> WorkerInfo:
+        return WorkerInfo(
+            self.worker_id, self.num_workers, self.seed, self.dataset, worker_method=method
+        )
 
     def fetcher(self) -> MapFetcher | IterableFetcher:
         """A fresh fetcher (for iterable datasets: a fresh stream) over this worker's dataset."""
@@ -210,12 +212,16 @@ class Activity:
 def failure(task: int | None, worker_id: int, exc: BaseException, stage: str = "") -> Failed:
     """Describe an exception raised by user code so the main process can raise it again."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    blob: bytes | None
-    try:
-        blob = pickle.dumps(exc)
-        pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
-    except Exception:
-        blob = None
+    blob: bytes | None = None
+    # The exception itself; else its class, which the main process calls with the message, as
+    # torch rebuilds every worker exception (some pickle but cannot be rebuilt: each is tried).
+    for sent in (exc, type(exc)):
+        try:
+            blob = pickle.dumps(sent)
+            pickle.loads(blob)
+            break
+        except Exception:
+            blob = None
     name = f"{type(exc).__module__}.{type(exc).__qualname__}"
     return Failed(task, worker_id, os.getpid(), name, str(exc), text, blob, stage)
 
@@ -564,7 +570,7 @@ def thread_worker_main(
 ) -> None:
     """Entry point of a worker thread: same loop, objects passed as they are (the main thread
     reads ``activity``, and this thread's stack, itself for stall reports)."""
-    set_thread_worker_info(config.info())
+    set_thread_worker_info(config.info("thread"))
     worker_id = config.worker_id
 
     def send(message: Any) -> None:
