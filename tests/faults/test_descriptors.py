@@ -5,8 +5,8 @@
   (torch's DataLoader runs out in the same setup: the scenario is real).
 * A worker out of descriptors fails only the batches it could not share (RuntimeError "Too many
   open files ..." naming the worker); it lives on and later batches arrive.
-* The main process out of descriptors ends the iterator with that error (not WorkerDied), the
-  same error again on the next ``next()``; the workers are stopped cleanly.
+* The main process out of descriptors ends the iterator with that error (not WorkerDied), and
+  the next ``next()`` raises StopIteration; the workers are stopped cleanly.
 * ``torch.multiprocessing.set_sharing_strategy("file_system")``: slabs are named files in
   /dev/shm, removed as soon as the main process maps them, and never left behind: not after the
   loader is gone, not after the main process is killed with SIGKILL.
