@@ -251,9 +251,11 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         if self.persistent_workers and self.num_workers > 0:
             kept = self._live_iterator
             reset = getattr(kept, "_reset", None)
-            if kept is None or reset is None or self._resume.pending is not None:
+            stopped = getattr(kept, "stopped_by_error", False)
+            if kept is None or reset is None or stopped or self._resume.pending is not None:
                 # (an iterator without torch's _reset, which an override may return, is
-                # replaced, where torch's loader would fail on it)
+                # replaced, where torch's loader would fail on it; so is one an error ended:
+                # its workers were stopped, the next epoch starts new ones)
                 self._replace_iterator(self._obtain_iterator())  # stops the old one's workers
             else:
                 reset(self)

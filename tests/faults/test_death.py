@@ -82,6 +82,21 @@ def test_worker_dies_while_fetching(how: str, method: str, expected: str) -> Non
 
 
 @pytest.mark.timeout(60)
+def test_persistent_workers_stopped_by_a_death_are_started_anew_next_epoch() -> None:
+    """The error stops the kept workers; the next epoch starts new ones (it failed at once,
+    for every later epoch, with "persistent workers were shut down")."""
+    dataset = ds.DieAt(6, at=3, how="exit")
+    loader = ferry.DataLoader(
+        dataset, num_workers=2, persistent_workers=True, multiprocessing_context="fork"
+    )
+    with pytest.raises(ferry.errors.WorkerDied):
+        list(loader)
+    dataset.at = -1  # (the new workers are forked from the dataset as it is now)
+    assert [b.tolist() for b in loader] == [[i] for i in range(6)]
+    assert [b.tolist() for b in loader] == [[i] for i in range(6)]
+
+
+@pytest.mark.timeout(60)
 def test_worker_dies_while_idle() -> None:
     """A worker with nothing left to fetch that dies is reported (as torch does), while the
     loop waits on another worker: an error, not a wait forever."""

@@ -99,6 +99,12 @@ class LoaderIterator(TorchLoaderIterator):
     _worker_init_fn = _option("worker_init_fn")
 
     @property
+    def stopped_by_error(self) -> bool:
+        """Whether an error ended this iterator and stopped its workers (a kept, persistent
+        iterator then cannot begin another epoch: the loader makes a new one)."""
+        return False
+
+    @property
     def _dataset_kind(self) -> int:  # type: ignore[override]
         """0 for a map-style dataset, 1 for an iterable-style one (torch's ``_DatasetKind``)."""
         return 1 if self._iterable_style else 0

@@ -197,6 +197,10 @@ class WorkerIterator(LoaderIterator):
             if not self._dispatch():
                 return
 
+    @property
+    def stopped_by_error(self) -> bool:
+        return self._fatal is not None
+
     def _restart(self, plan: EpochPlan) -> None:
         """Next epoch with the same (persistent) workers; stale results are dropped as they come."""
         if self._fatal is not None or self._crew.closed:

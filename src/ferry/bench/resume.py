@@ -137,10 +137,11 @@ def time_state_dict(workers: int = 8, calls: int = 200) -> float:
     import ferry
 
     with warnings.catch_warnings():
-        # More workers than this machine's CPUs is the point here, not a mistake.
+        # More workers than this machine's CPUs is the point here, not a mistake (the loader
+        # and each new iterator say so, as torch's do).
         warnings.simplefilter("ignore", UserWarning)
         loader = _loader(ferry, _dataset(ferry, _BATCH * 64), workers)
-    iterator = iter(loader)
+        iterator = iter(loader)
     for _ in range(3 * workers):
         next(iterator)
     times = []
