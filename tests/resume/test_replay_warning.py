@@ -62,3 +62,32 @@ def test_persistent_workers_without_a_shuffle_do_not_warn(worker_type: str) -> N
         worker_type=worker_type,
     )
     assert _replay_warnings(loader, 3, reseed=False) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_epoch_left_before_its_end_is_not_one_to_repeat(num_workers: int) -> None:
+    """Lightning's sanity check takes two validation batches with the global RNG saved and put
+    back (``isolate_rng``); the first validation epoch then begins where it began, with the
+    same worker seeds, as with torch's loader. Nothing was trained on: no warning. An epoch
+    run to its end and begun again from the same state still warns."""
+    # (without workers, only a shuffle draws from the global RNG)
+    loader = ferry.DataLoader(
+        ferry.TensorDataset(torch.arange(16)),
+        batch_size=4,
+        shuffle=num_workers == 0,
+        num_workers=num_workers,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        saved = torch.get_rng_state()
+        iterator = iter(loader)
+        next(iterator), next(iterator)  # the sanity check: two batches, then left
+        del iterator
+        torch.set_rng_state(saved)
+        list(loader)  # the first validation epoch, from the same state
+        list(loader)  # the next one draws on
+    assert not [w for w in caught if issubclass(w.category, EpochReplayWarning)]
+    torch.set_rng_state(saved)
+    with pytest.warns(EpochReplayWarning):
+        list(loader)  # begins where the first validation epoch, which ended, began

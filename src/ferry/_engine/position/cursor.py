@@ -185,10 +185,25 @@ class RunCounts:
     skipped: int = 0
     seen: int = 0
     epoch_starts: tuple[str, ...] = ()
+    # The current epoch's own fingerprint, last in epoch_starts, while it runs (not saved): an
+    # epoch left before its end is not one a later epoch can repeat (see EpochTrack.run_counts).
+    opened: str | None = field(default=None, compare=False)
 
     def with_start(self, fingerprint: str) -> RunCounts:
         kept = (*self.epoch_starts, fingerprint)[-_FINGERPRINTS_KEPT:]
-        return replace(self, epoch_starts=kept)
+        return replace(self, epoch_starts=kept, opened=fingerprint)
+
+    def left_unfinished(self) -> RunCounts:
+        """These counts without the current epoch's fingerprint: it was left before its end
+        (Lightning's sanity check runs two validation batches inside ``isolate_rng``, then the
+        first validation epoch begins where it began; a ``break``). Nothing of it repeats in
+        a later epoch that begins there."""
+        if self.opened is None:
+            return self
+        starts = list(self.epoch_starts)
+        if starts and starts[-1] == self.opened:
+            starts.pop()
+        return replace(self, epoch_starts=tuple(starts), opened=None)
 
     def to_plain(self) -> dict[str, Any]:
         return {"skipped": self.skipped, "seen": self.seen}

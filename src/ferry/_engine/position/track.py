@@ -203,7 +203,8 @@ class EpochTrack:
         """
         if self.loaded is not None and self.yielded == 0 and not self.finished:
             return self.loaded
-        current = replace(self._current(), keys=self.keys.cursor_at(self.next_key))
+        # (a state keeps the current epoch's fingerprint: resumed, the epoch may still end)
+        current = replace(self._current(self._counts()), keys=self.keys.cursor_at(self.next_key))
         if not self.finished:
             return current
         plan = self.plan
@@ -214,22 +215,29 @@ class EpochTrack:
     def next_epoch(self) -> Cursor:
         """The cursor that begins the next epoch from here, with the generators as they stand."""
         # (a resume that went through an ended epoch found the keys its workers fetch again)
-        return self._current().next_epoch(self.plan.persistent_workers, self.keys.recovered)
+        current = self._current(self.run_counts())
+        return current.next_epoch(self.plan.persistent_workers, self.keys.recovered)
 
-    def _current(self) -> Cursor:
-        fixed = self._fixed
+    def _current(self, run: RunCounts) -> Cursor:
         return replace(
-            fixed,
+            self._fixed,
             position=self.next_key,
             ahead=frozenset(self.ahead),
             turn=self.turn,
             workers=(self.live(),) if self.live is not None else tuple(self.workers),
-            run=self.run_counts(),
+            run=run,
+        )
+
+    def _counts(self) -> RunCounts:
+        return replace(
+            self._fixed.run, skipped=self.budget.skipped, seen=self.budget.seen, opened=None
         )
 
     def run_counts(self) -> RunCounts:
-        """What spans the run, as it stands now (carried to the next iterator)."""
-        return replace(self._fixed.run, skipped=self.budget.skipped, seen=self.budget.seen)
+        """What spans the run, as it stands now, carried to the next epoch: an epoch that was
+        left before its end leaves no fingerprint for a later one to repeat."""
+        run = self._fixed.run if self.finished else self._fixed.run.left_unfinished()
+        return replace(run, skipped=self.budget.skipped, seen=self.budget.seen, opened=None)
 
 
 def between_epochs_cursor(
