@@ -390,3 +390,32 @@ def test_import_ferry_does_not_import_accelerate() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.timeout(120)
+def test_a_ferry_loader_registered_for_checkpointing_resumes_exactly(tmp_path: Path) -> None:
+    """A ferry loader has ``state_dict``/``load_state_dict``: accelerate takes it in
+    ``register_for_checkpointing`` (a torch loader is refused), and ``load_state`` puts a new
+    loader where the saved one stood."""
+
+    def loader(module: Any) -> Any:
+        return module.DataLoader(
+            module.TensorDataset(torch.arange(10)),
+            batch_size=3,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(0),
+        )
+
+    with pytest.raises(ValueError, match="state_dict"):
+        Accelerator(cpu=True).register_for_checkpointing(loader(tud))
+    accelerator = Accelerator(cpu=True)
+    first = loader(ferry)
+    accelerator.register_for_checkpointing(first)
+    iterator = iter(first)
+    next(iterator)
+    accelerator.save_state(str(tmp_path))
+    rest = [b[0].tolist() for b in iterator]
+    second = loader(ferry)
+    accelerator._custom_objects[0] = second  # the new run's loader, registered in its place
+    accelerator.load_state(str(tmp_path))
+    assert [b[0].tolist() for b in second] == rest
