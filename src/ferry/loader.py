@@ -437,10 +437,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
 
     def _plan(self) -> EpochPlan:
         """This loader's parts and options as the next epoch will use them."""
-        pin = self.pin_memory and accelerator_available()
-        accelerator = accelerator_type() if pin else None
-        if accelerator == "mps":  # pinning fails there (as torch: warn, and do not pin)
-            pin = False
+        pin, accelerator, _ = self._pinning()
         return EpochPlan(
             dataset=self.dataset,
             iterable_style=self._iterable_style,
@@ -499,16 +496,28 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         iterator with workers is made (``num_workers`` may have changed since)."""
         self._check_workers(stacklevel=4)
 
+    def _pinning(self) -> tuple[bool, str | None, str | None]:
+        """Whether batches are pinned, the accelerator's kind, and, where ``pin_memory=True``
+        cannot pin, the warning that says why: no accelerator, or Apple's MPS, where pinning
+        fails (as torch: warn, and do not pin)."""
+        if not self.pin_memory:
+            return False, None, None
+        if not accelerator_available():
+            return False, None, NO_ACCELERATOR
+        accelerator = accelerator_type()
+        if accelerator == "mps":
+            return False, None, PIN_ON_MPS
+        return True, accelerator, None
+
     def _warn_pinning(self, stacklevel: int) -> None:
-        """``pin_memory=True`` where it cannot pin, or with the deprecated device option."""
+        """``pin_memory=True`` with the deprecated device option, or where it cannot pin."""
         if self.pin_memory_device:
             warnings.warn(
                 pin_device_deprecated(self.pin_memory_device), UserWarning, stacklevel=stacklevel
             )
-        if not accelerator_available():
-            warnings.warn(NO_ACCELERATOR, UserWarning, stacklevel=stacklevel)
-        elif accelerator_type() == "mps":
-            warnings.warn(PIN_ON_MPS, UserWarning, stacklevel=stacklevel)
+        _, _, cannot = self._pinning()
+        if cannot is not None:
+            warnings.warn(cannot, UserWarning, stacklevel=stacklevel)
 
     def _check_workers(self, stacklevel: int) -> None:
         """The check, its warning attributed ``stacklevel`` frames up from here."""
