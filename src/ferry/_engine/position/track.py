@@ -204,7 +204,9 @@ class EpochTrack:
         if self.loaded is not None and self.yielded == 0 and not self.finished:
             return self.loaded
         # (a state keeps the current epoch's fingerprint: resumed, the epoch may still end)
-        current = replace(self._current(self._counts()), keys=self.keys.cursor_at(self.next_key))
+        current = replace(
+            self._current(self.run_counts(keep_open=True)), keys=self.keys.cursor_at(self.next_key)
+        )
         if not self.finished:
             return current
         plan = self.plan
@@ -228,15 +230,13 @@ class EpochTrack:
             run=run,
         )
 
-    def _counts(self) -> RunCounts:
-        return replace(
-            self._fixed.run, skipped=self.budget.skipped, seen=self.budget.seen, opened=None
-        )
-
-    def run_counts(self) -> RunCounts:
+    def run_counts(self, keep_open: bool = False) -> RunCounts:
         """What spans the run, as it stands now, carried to the next epoch: an epoch that was
-        left before its end leaves no fingerprint for a later one to repeat."""
-        run = self._fixed.run if self.finished else self._fixed.run.left_unfinished()
+        left before its end leaves no fingerprint for a later one to repeat (``keep_open``:
+        it does, for a state taken during it)."""
+        run = self._fixed.run
+        if not (keep_open or self.finished):
+            run = run.left_unfinished()
         return replace(run, skipped=self.budget.skipped, seen=self.budget.seen, opened=None)
 
 
