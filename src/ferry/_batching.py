@@ -15,7 +15,7 @@ import torch
 
 from ferry._torch_types import TorchBatchSampler
 
-__all__ = ["batch_count", "batch_record", "batched", "is_batch_record", "rebatch"]
+__all__ = ["batch_count", "batched", "is_batch_record", "rebatch"]
 
 
 def is_batch_record(batch_sampler: object) -> bool:
@@ -23,13 +23,6 @@ def is_batch_record(batch_sampler: object) -> bool:
     of ``(sampler, batch_size, drop_last)`` that ferry batches by itself (see
     :class:`BatchSampler`)."""
     return type(batch_sampler) is TorchBatchSampler
-
-
-def batch_record() -> Any:
-    """An empty object of torch's exact ``BatchSampler`` class, made without running torch's
-    constructor: ferry's ``BatchSampler.__init__`` checks the options, with its own messages,
-    and sets them on it."""
-    return object.__new__(TorchBatchSampler)
 
 
 def batch_count(index_sampler: Any) -> int:

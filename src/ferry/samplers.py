@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ferry._batching import batch_record, batched, batches_in
+from ferry._batching import batched, batches_in
 from ferry._core.rng import generator_state
 from ferry._sampler_state import (
     SamplerRun,
@@ -399,7 +399,8 @@ class BatchSampler(Sampler[list[Any]], TorchBatchSampler, twin=TorchBatchSampler
             return super().__new__(cls)
         # ferry's __init__ fills the record, so that a call with the wrong arguments fails
         # with torch's own words ("BatchSampler.__init__() missing 1 required ...").
-        record = batch_record()
+        # (torch's exact class, made without running its constructor)
+        record: Any = object.__new__(TorchBatchSampler)
         BatchSampler.__init__(record, *args, **kwargs)
         return record
 
