@@ -48,7 +48,6 @@ CollateFn = Callable[..., Any]
 """A per-type collate function: ``fn(batch, *, collate_fn_map) -> batched``."""
 CollateFnMap = dict[type | tuple[type, ...], CollateFn]
 
-# dtype kinds numpy uses for bytes, unicode and Python objects: such arrays are not numbers.
 # numpy dtypes that hold no numbers, as torch finds them: any of these letters in the dtype's
 # string (bytes, str, object; the "a" also catches datetimes in attoseconds, "<M8[as]").
 _NOT_NUMBERS = re.compile("[SaUO]")
