@@ -28,11 +28,20 @@ Checked against accelerate 1.15.0 (``CHECKED_VERSIONS``): there ``DataLoader`` i
 only as a constructor (``DataLoaderAdapter.__init__``, the fallback of ``skip_first_batches``)
 and in annotations, and ``_PYTORCH_DATALOADER_KWARGS`` is read only to collect the options of a
 rebuild. Another version gets a warning, not an error: the patch is small and likely still
-right, but nobody has read that version's code. :func:`install` raises if the two names are not
-there or not what they were. Not supported while installed (the rebuild raises ``TypeError``
-on ``worker_type``): ``use_stateful_dataloader=True`` (torchdata's ``StatefulDataLoader`` is
-built instead of ``DataLoader``) and the Megatron-LM plugin (it builds
-``torch.utils.data.DataLoader`` directly, with the same keywords).
+right, but nobody has read that version's code. :func:`install` raises if the names it patches are
+not there or not what they were.
+
+``DataLoaderConfiguration(use_stateful_dataloader=True)`` makes accelerate build torchdata's
+``StatefulDataLoader`` (``DataLoaderAdapter.__init__``) and save each prepared loader's
+``state_dict()`` in ``save_state`` (``load_state`` loads it back). A ferry loader is stateful
+itself, so while installed the adapter builds ``ferry.DataLoader`` there too (torchdata need not
+be installed) and keeps the flag, and ``save_state``/``load_state`` resume it exactly. The one
+place accelerate edits the state it saves is the ``DataLoaderDispatcher`` under several
+processes (``adjust_state_dict_for_prefetch``: the main process has fetched ``num_processes - 1``
+batches past the ones dispatched); it edits torchdata's counters, which a ferry state does not
+have, so the dispatcher keeps instead the state ferry's loader had ``num_processes - 1`` batches
+earlier (:class:`_StateLag`). Not supported while installed: the Megatron-LM plugin (it builds
+``torch.utils.data.DataLoader`` directly, and fails with ``TypeError`` on ``worker_type``).
 
 accelerate is imported by :func:`install` and :func:`uninstall`, not by importing this module;
 ``import ferry`` never imports either.
@@ -40,11 +49,13 @@ accelerate is imported by :func:`install` and :func:`uninstall`, not by importin
 
 from __future__ import annotations
 
+import collections
+import functools
 import importlib
 import inspect
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -74,10 +85,12 @@ def _accelerate_modules() -> tuple[Any, Any]:
 
 @dataclass
 class _Saved:
-    """What :func:`install` replaced: the constructor, and each option key's previous value."""
+    """What :func:`install` replaced: the constructor, each option key's previous value, and
+    the two methods of ``DataLoaderAdapter`` (as found in its ``__dict__``)."""
 
     data_loader: Any
     options: dict[str, Any]
+    adapter_methods: dict[str, Any]
 
 
 class _State:
@@ -104,24 +117,99 @@ def _ferry_only_options(torch_loader: Any) -> dict[str, Any]:
     }
 
 
+def _build_ferry_when_stateful(original: Callable[..., None], _: Any) -> Callable[..., None]:
+    """``DataLoaderAdapter.__init__`` that builds the ``DataLoader`` global (ferry's, while
+    installed) where accelerate would build torchdata's ``StatefulDataLoader``, and keeps
+    ``use_stateful_dataloader`` so that ``save_state``/``load_state`` carry the loader's state."""
+
+    @functools.wraps(original)
+    def __init__(
+        self: Any, dataset: Any, use_stateful_dataloader: bool = False, **kwargs: Any
+    ) -> None:
+        original(self, dataset, use_stateful_dataloader=False, **kwargs)
+        self.use_stateful_dataloader = use_stateful_dataloader
+
+    return __init__
+
+
+class _StateLag:
+    """The states a ``DataLoaderDispatcher`` took of its ferry loader, the last ``lag + 1``.
+
+    Under several processes the dispatcher's main process fetches ``num_processes`` batches a
+    step, one step ahead of what it hands out, and snapshots the state before each fetch: when
+    a step is handed out, the newest snapshot is ``num_processes - 1`` batches past it. torchdata's
+    state is mended by lowering its counters (``adjust_state_dict_for_prefetch``); a ferry state
+    is not a set of counters, so the snapshot taken ``num_processes - 1`` fetches earlier is kept
+    instead. With ``split_batches`` (or tensor parallelism) a step is one batch and the newest
+    snapshot is the right one; at the end of the data, everything fetched was handed out.
+    """
+
+    def __init__(self, lag: int) -> None:
+        self.states: collections.deque[dict[str, Any]] = collections.deque(maxlen=lag + 1)
+
+    def taken(self, state: dict[str, Any], at_end: bool) -> dict[str, Any]:
+        """Records ``state``, the newest snapshot, and returns the one that resumes right."""
+        self.states.append(state)
+        return dict(state if at_end else self.states[0])
+
+
+def _adjust_ferry_states(
+    original: Callable[[Any], None], data_loader: Any
+) -> Callable[[Any], None]:
+    """``DataLoaderAdapter.adjust_state_dict_for_prefetch`` that leaves loaders other than
+    ferry's to accelerate, and keeps a ferry loader's state where it resumes right: as taken,
+    except in a ``DataLoaderDispatcher`` that fetches several batches a step (``SkipDataLoader``
+    snapshots after each batch it hands out; ``DataLoaderShard`` has its own method)."""
+    dispatcher = data_loader.DataLoaderDispatcher
+
+    @functools.wraps(original)
+    def adjust_state_dict_for_prefetch(self: Any) -> None:
+        if not isinstance(self.base_dataloader, DataLoader):
+            original(self)
+            return
+        if not isinstance(self, dispatcher) or self.split_batches or self.submesh_tp:
+            return
+        lag = self.state.num_processes - 1
+        if lag == 0:
+            return
+        keeper = self.__dict__.get("_ferry_state_lag")
+        if keeper is None or keeper.states.maxlen != lag + 1:
+            keeper = self.__dict__["_ferry_state_lag"] = _StateLag(lag)
+        self.dl_state_dict = keeper.taken(self.dl_state_dict, bool(self.end_of_dataloader))
+
+    return adjust_state_dict_for_prefetch
+
+
+_ADAPTER_PATCHES = {
+    "__init__": _build_ferry_when_stateful,
+    "adjust_state_dict_for_prefetch": _adjust_ferry_states,
+}
+
+
 def _check(package: Any, data_loader: Any) -> tuple[Any, dict[str, Any]]:
     """accelerate's constructor global and options dict, after checking they are what we know."""
     version = str(getattr(package, "__version__", "unknown"))
     constructor = getattr(data_loader, "DataLoader", None)
     options = getattr(data_loader, "_PYTORCH_DATALOADER_KWARGS", None)
+    adapter = getattr(data_loader, "DataLoaderAdapter", None)
     if not (
         isinstance(constructor, type)
         and constructor.__name__ == "DataLoader"
         and constructor.__module__.startswith("torch.utils.data")
         and isinstance(options, dict)
         and "num_workers" in options
+        and isinstance(adapter, type)
+        and all(callable(vars(adapter).get(name)) for name in _ADAPTER_PATCHES)
+        and isinstance(getattr(data_loader, "DataLoaderDispatcher", None), type)
     ):
         raise RuntimeError(
             f"ferry.accelerate.install() cannot patch accelerate {version}: "
-            "accelerate.data_loader.DataLoader is not torch's DataLoader or "
+            "accelerate.data_loader.DataLoader is not torch's DataLoader, "
             "accelerate.data_loader._PYTORCH_DATALOADER_KWARGS is not the dict of loader "
-            f"options it was in the versions checked ({', '.join(CHECKED_VERSIONS)}), "
-            f"found DataLoader={constructor!r}"
+            "options, accelerate.data_loader.DataLoaderAdapter lacks "
+            f"{' or '.join(_ADAPTER_PATCHES)}, or there is no DataLoaderDispatcher, as they "
+            "were in the versions checked "
+            f"({', '.join(CHECKED_VERSIONS)}); found DataLoader={constructor!r}"
         )
     if version not in CHECKED_VERSIONS:
         warnings.warn(
@@ -157,9 +245,15 @@ def install() -> None:
             return
         constructor, options = _check(package, data_loader)
         added = _ferry_only_options(constructor)
-        _state.saved = _Saved(constructor, {name: options.get(name, _MISSING) for name in added})
+        adapter = data_loader.DataLoaderAdapter
+        methods = {name: vars(adapter)[name] for name in _ADAPTER_PATCHES}
+        _state.saved = _Saved(
+            constructor, {name: options.get(name, _MISSING) for name in added}, methods
+        )
         options.update(added)
         data_loader.DataLoader = DataLoader
+        for name, patch in _ADAPTER_PATCHES.items():
+            setattr(adapter, name, patch(methods[name], data_loader))
 
 
 def uninstall() -> None:
@@ -185,6 +279,8 @@ def uninstall() -> None:
             else:
                 options[name] = previous
         data_loader.DataLoader = saved.data_loader
+        for name, method in saved.adapter_methods.items():
+            setattr(data_loader.DataLoaderAdapter, name, method)
         _state.saved = None
 
 

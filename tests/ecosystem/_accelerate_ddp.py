@@ -6,6 +6,14 @@ ferry after ``ferry.accelerate.install()``, and the latter with thread workers) 
 (a shuffled map-style dataset over two epochs, a sized iterable dataset), the rank records the
 batches it sees and what ``gather_for_metrics`` returns, and writes them to ``OUT_DIR/rankR.pkl``.
 A variant that raises is recorded as an error (with its traceback) and the next one runs.
+
+Then, with ``DataLoaderConfiguration(use_stateful_dataloader=True)``, torchdata's loader and
+ferry's (installed) on the map case (``DataLoaderShard``) and the stream case
+(``DataLoaderDispatcher``, with and without ``split_batches``): ``save_state`` after
+``STATEFUL_AT`` steps, then ``load_state`` into a new prepared loader, which records what it
+yields. Each rank saves into a folder of its own: in one folder every rank writes the same
+``dl_state_dict.bin``, and under the dispatcher only the main process's state has moved, so the
+file would hold whichever rank wrote last (for torchdata's loader as for ferry's).
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from typing import Any
 
 import torch
 import torch.utils.data as tud
-from accelerate import Accelerator
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import InitProcessGroupKwargs
 
 import ferry
@@ -93,6 +102,43 @@ VARIANTS: dict[str, tuple[str, bool, dict[str, Any]]] = {
 CASES = {"map": EPOCHS, "stream": 1}
 
 
+STATEFUL_AT = 2  # steps taken before the state is read
+STATEFUL_CASES = {"map": ("map", False), "stream": ("stream", False), "split": ("stream", True)}
+
+
+def _stateful_run(lib: str, case: str, split_batches: bool, folder: Path) -> dict[str, Any]:
+    def accelerator() -> Accelerator:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        config = DataLoaderConfiguration(use_stateful_dataloader=True, split_batches=split_batches)
+        return Accelerator(
+            cpu=True,
+            dataloader_config=config,
+            kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=30))],
+        )
+
+    def flat(batches: list[Any]) -> list[list[int]]:
+        return [(b[0] if isinstance(b, (list, tuple)) else b).tolist() for b in batches]
+
+    torch.manual_seed(SEED)
+    saving = accelerator()
+    prepared = saving.prepare(_loader(lib, case))
+    iterator = iter(prepared)
+    first = [next(iterator) for _ in range(STATEFUL_AT)]
+    saving.save_state(str(folder))
+    rest = list(iterator)
+    torch.manual_seed(SEED)
+    loading = accelerator()
+    again = loading.prepare(_loader(lib, case))
+    loading.load_state(str(folder))
+    return {
+        "first": flat(first),
+        "rest": flat(rest),
+        "resumed": flat(list(again)),
+        "base": type(prepared.base_dataloader).__module__,
+    }
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
@@ -114,6 +160,19 @@ def main() -> None:
                 results[variant, case] = ("ok", value)
             except Exception:
                 results[variant, case] = ("error", traceback.format_exc())
+            accelerator.wait_for_everyone()
+    for lib in ("torch", "ferry"):
+        for name, (case, split_batches) in STATEFUL_CASES.items():
+            folder = out_dir / f"state-{lib}-{name}-rank{rank}"
+            try:
+                if lib == "ferry":
+                    with ferry.accelerate.installed():
+                        value = _stateful_run(lib, case, split_batches, folder)
+                else:
+                    value = _stateful_run(lib, case, split_batches, folder)
+                results[f"stateful_{lib}", name] = ("ok", value)
+            except Exception:
+                results[f"stateful_{lib}", name] = ("error", traceback.format_exc())
             accelerator.wait_for_everyone()
     with (out_dir / f"rank{rank}.pkl").open("wb") as f:
         pickle.dump(results, f)

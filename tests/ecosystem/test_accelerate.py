@@ -259,6 +259,32 @@ def test_ddp_ranks_see_torchs_batches_and_gather_each_sample_once(
         assert {r["worker_type"] for r in got} == {"thread"}
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", ["map", "stream", "split"])
+def test_ddp_stateful_ferry_loader_resumes_after_the_last_step_handed_out(
+    ddp: list[dict[tuple[str, str], Any]], case: str
+) -> None:
+    """Two ranks, ``use_stateful_dataloader=True``: ``map`` runs in ``DataLoaderShard``,
+    ``stream`` and ``split`` (``split_batches=True``) in ``DataLoaderDispatcher``, whose main
+    process fetches a step ahead. Each rank gets torchdata's batches, and a ferry state taken
+    after two steps resumes at the third. (torchdata's state, under ``split_batches``, resumes
+    a batch early: accelerate lowers its counters by ``num_processes - 1`` there as well.)"""
+    expected = _ddp_ok(ddp, "stateful_torch", case)
+    got = _ddp_ok(ddp, "stateful_ferry", case)
+    for rank in range(2):
+        assert got[rank]["base"] == "ferry.loader"
+        assert expected[rank]["base"].startswith("torchdata")
+        assert got[rank]["first"] + got[rank]["rest"] == (
+            expected[rank]["first"] + expected[rank]["rest"]
+        )
+        assert got[rank]["rest"]
+        assert got[rank]["resumed"] == got[rank]["rest"], rank
+    if case == "stream":
+        assert all(e["resumed"] == e["rest"] for e in expected)
+    if case == "split":
+        assert all(e["resumed"] != e["rest"] for e in expected)
+
+
 # -- 4. thread workers and install/uninstall ----------------------------------------------------
 
 
@@ -301,12 +327,17 @@ def test_thread_workers_survive_prepare_and_skip() -> None:
 
 def test_install_uninstall_restore_accelerate() -> None:
     options = list(acc_dl._PYTORCH_DATALOADER_KWARGS.items())
+    adapter = {
+        name: vars(acc_dl.DataLoaderAdapter)[name]
+        for name in ("__init__", "adjust_state_dict_for_prefetch")
+    }
     assert acc_dl.DataLoader is tud.DataLoader
     assert not ferry.accelerate.is_installed()
     ferry.accelerate.install()
     ferry.accelerate.install()  # idempotent
     assert ferry.accelerate.is_installed()
     assert acc_dl.DataLoader is ferry.DataLoader
+    assert {name: vars(acc_dl.DataLoaderAdapter)[name] for name in adapter} != adapter
     assert list(acc_dl._PYTORCH_DATALOADER_KWARGS.items()) == [
         *options,
         ("worker_type", "process"),
@@ -323,6 +354,7 @@ def test_install_uninstall_restore_accelerate() -> None:
     ferry.accelerate.uninstall()
     assert acc_dl.DataLoader is tud.DataLoader
     assert list(acc_dl._PYTORCH_DATALOADER_KWARGS.items()) == options
+    assert {name: vars(acc_dl.DataLoaderAdapter)[name] for name in adapter} == adapter
     ferry.accelerate.uninstall()  # a no-op when not installed
     assert list(acc_dl._PYTORCH_DATALOADER_KWARGS.items()) == options
 
@@ -383,6 +415,16 @@ def test_install_refuses_a_foreign_data_loader_global(monkeypatch: pytest.Monkey
     assert not ferry.accelerate.is_installed()
 
 
+def test_install_refuses_an_adapter_without_the_methods_it_wraps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(acc_dl.DataLoaderAdapter, "adjust_state_dict_for_prefetch")
+    with pytest.raises(RuntimeError, match="DataLoaderAdapter lacks"):
+        ferry.accelerate.install()
+    assert acc_dl.DataLoader is tud.DataLoader
+    assert not ferry.accelerate.is_installed()
+
+
 @pytest.mark.timeout(60)
 def test_import_ferry_does_not_import_accelerate() -> None:
     code = "import sys, ferry; print('accelerate' in sys.modules)"
@@ -419,3 +461,67 @@ def test_a_ferry_loader_registered_for_checkpointing_resumes_exactly(tmp_path: P
     accelerator._custom_objects[0] = second  # the new run's loader, registered in its place
     accelerator.load_state(str(tmp_path))
     assert [b[0].tolist() for b in second] == rest
+
+
+# -- 5. use_stateful_dataloader=True: accelerate saves and loads the loader's state ------------
+
+
+def _stateful_accelerator() -> Accelerator:
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    config = accelerate.DataLoaderConfiguration(use_stateful_dataloader=True)
+    return Accelerator(cpu=True, dataloader_config=config)
+
+
+def _stateful_loader(lib: Any, case: str, num_workers: int) -> Any:
+    if case == "map":
+        dataset = lib.TensorDataset(torch.arange(50))
+        return lib.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=num_workers)
+    stream = STREAMS["torch" if lib is tud else "ferry"](50)
+    return lib.DataLoader(stream, batch_size=4, num_workers=num_workers)
+
+
+def _save_mid_epoch_and_resume(lib: Any, case: str, num_workers: int, path: Path) -> Any:
+    torch.manual_seed(3)
+    accelerator = _stateful_accelerator()
+    prepared = accelerator.prepare(_stateful_loader(lib, case, num_workers))
+    iterator = iter(prepared)
+    first = [next(iterator) for _ in range(3)]
+    accelerator.save_state(str(path))
+    rest = list(iterator)
+    again = _stateful_accelerator()
+    resumed_loader = again.prepare(_stateful_loader(lib, case, num_workers))
+    again.load_state(str(path))
+    return {
+        "first": _flat(first),
+        "rest": _flat(rest),
+        "resumed": _flat(resumed_loader),
+        "base": type(prepared.base_dataloader),
+        "saved": (path / "dl_state_dict.bin").exists(),
+    }
+
+
+STATEFUL_CASES = [("map", 0), ("map", 2), ("stream", 0)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("case", "num_workers"), STATEFUL_CASES)
+def test_use_stateful_dataloader_saves_and_resumes_a_ferry_loader(
+    tmp_path: Path, case: str, num_workers: int
+) -> None:
+    """``use_stateful_dataloader=True`` made accelerate build torchdata's loader, and preparing
+    a ferry loader failed (``TypeError`` on ``worker_type``). Installed, accelerate builds
+    ferry's loader, ``save_state`` writes its state and ``load_state`` resumes it after the
+    last batch handed out; the batches are the ones torchdata's loader gives."""
+    with ferry.accelerate.installed():
+        got = _save_mid_epoch_and_resume(ferry, case, num_workers, tmp_path / "ferry")
+    assert got["base"] is ferry.DataLoader
+    assert got["saved"]
+    assert got["resumed"] == got["rest"]
+    assert len(got["first"]) + len(got["rest"]) == 13
+    oracle = _save_mid_epoch_and_resume(tud, case, num_workers, tmp_path / "torchdata")
+    assert oracle["base"].__module__.startswith("torchdata")
+    assert got["first"] + got["rest"] == oracle["first"] + oracle["rest"]
+    if case == "map" and num_workers:
+        # torchdata's state, saved this way, resumes another permutation: ferry's is the fix
+        assert oracle["resumed"] != oracle["rest"]
