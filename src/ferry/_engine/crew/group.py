@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+from ferry._core.intra_op import settle
 from ferry._core.rng import ready_to_fork
 from ferry._engine.crew.worker import (
     Activity,
@@ -482,6 +483,7 @@ def start_threads(
     group.stop_workers = _stop_threads
     _thread_groups.add(group)
     pool = plan.buffer_pool
+    settle()  # this thread's intra-op count, before the workers change the default for a moment
     for config in configs:
         inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         activity = Activity()

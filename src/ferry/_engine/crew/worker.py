@@ -34,6 +34,7 @@ import torch
 
 from ferry._core.alloc import Allocator
 from ferry._core.info import WorkerInfo, set_process_worker_info, set_thread_worker_info
+from ferry._core.intra_op import one_intra_op_thread
 from ferry._core.memory import MemorySampler
 from ferry._core.ranks import inherit_rank_world, process_group_rank_world
 from ferry._core.rng import seed_torch
@@ -570,6 +571,7 @@ def thread_worker_main(
 ) -> None:
     """Entry point of a worker thread: same loop, objects passed as they are (the main thread
     reads ``activity``, and this thread's stack, itself for stall reports)."""
+    one_intra_op_thread()  # as a process worker's torch.set_num_threads(1), for this thread
     set_thread_worker_info(config.info("thread"))
     worker_id = config.worker_id
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ferry._core.intra_op import one_intra_op_thread, settle
 from ferry._structure import rebuild_mapping, rebuild_sequence
 
 __all__ = [
@@ -131,6 +132,7 @@ class Pinner:
         self._jobs: queue.SimpleQueue[PinJob | None] = queue.SimpleQueue()
         self._claims = threading.Lock()
         self._closed = False
+        settle()
         self._thread = threading.Thread(
             target=self._run, args=(device_setter(),), name="ferry-pin", daemon=True
         )
@@ -202,9 +204,10 @@ class Pinner:
         job.done.set()
 
     def _run(self, use_device: Callable[[], None] | None) -> None:
-        # As torch's pin thread: one intra-op thread here (the setting is this thread's), so
-        # the copy does not take cores from the workers and the training step.
-        torch.set_num_threads(1)
+        # As torch's pin thread: one intra-op thread here, so that the copy does not take
+        # cores from the workers and the training step (and, unlike torch's, the training
+        # step's own count is left alone: one_intra_op_thread's docstring).
+        one_intra_op_thread()
         failed: BaseException | None = None
         if use_device is not None:
             try:

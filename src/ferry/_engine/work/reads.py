@@ -42,6 +42,7 @@ from typing import Any
 
 from ferry._core.alloc import expect_batch
 from ferry._core.info import WorkerInfo, set_thread_worker_info, thread_worker_info
+from ferry._core.intra_op import one_intra_op_thread, settle
 
 __all__ = [
     "PARALLEL_FROM",
@@ -167,6 +168,7 @@ class _Pool:
         self._starting += 1
         if self._detached:
             return _Detached(self._run)
+        settle()
         thread = threading.Thread(
             target=self._run, name=f"ferry-read-{len(self._threads)}", daemon=True
         )
@@ -174,6 +176,8 @@ class _Pool:
         return thread
 
     def _run(self) -> None:
+        if not self._detached:  # (a worker process's default is one thread already)
+            one_intra_op_thread()  # many reads at once: each on one thread, as in a process
         with self._lock:
             self._starting -= 1
             more = [t for t in (self._new_thread(), self._new_thread()) if t is not None]
