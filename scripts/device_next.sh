@@ -14,7 +14,10 @@
 #    (scaling_costs.py --nudge-ms 50), beside the unnudged rows of step 1.
 # 3. long.txt: long epochs at 15 workers (240 batches), where the workers' memory reads at an
 #    epoch's end made ferry's end 83-126 ms after the last sample against torch's 32-41.
-# 4. ceiling.txt, with the time that is left: the main process's ceiling (instant batches)
+# 4. threads.txt: ferry's thread workers at 15 beside torch's processes (jpeg, 2 measured
+#    epochs): 0.25x before thread workers ran torch's parallel copies on one thread each
+#    (docs/design/scaling.md, "Thread workers ran torch's copies on teams as wide as the machine").
+# 5. ceiling.txt, with the time that is left: the main process's ceiling (instant batches)
 #    against torch's at 8 and 16 workers (scripts/main_ceiling.py), so far measured on 2 cores.
 #
 # Environment: PYTHON (default python3), DEADLINE, FEED (gpu, the default, or cpu: a smoke
@@ -36,9 +39,11 @@ gpu=(--gpu)
 if [ -n "${QUICK:-}" ]; then
   bench=(QUICK=1 WORKERS=2 REPS=1 LIMIT=60)
   workers=(--workers 2) long=(--samples 512 --epochs 1) ceiling=(--workers 2 --reps 1)
+  threads=(--epochs 1)
 else
   bench=(WORKERS=15,8 REPS=7 LIMIT=300)
   workers=(--workers 15) long=(--samples 30720 --epochs 2) ceiling=(--workers 8 16 --reps 3)
+  threads=(--epochs 2)
 fi
 
 left() { echo $((deadline - $(date +%s))); }
@@ -49,23 +54,26 @@ if [ "$(left)" -gt 60 ]; then
     scripts/gpu_host_bench.sh "$out/bench" >"$out/bench.log" 2>&1
   echo "device_next: 1. bench exit $?, $(left) s left" | tee -a "$out/steps.txt"
 fi
-# 2. and 3.: each with the time left, 10 s kept for the end
-for step in nudged long; do
+# 2., 3. and 4.: each with the time left, 10 s kept for the end
+for step in nudged long threads; do
   budget=$(($(left) - 10))
   if [ "$budget" -lt 30 ]; then
     echo "device_next: $step left out (${budget} s left)" | tee -a "$out/steps.txt"
     continue
   fi
+  loaders=(torch ferry)
   if [ "$step" = nudged ]; then
     options=("${workers[@]}" --epochs 3 --nudge-ms 50)
-  else
+  elif [ "$step" = long ]; then
     options=("${workers[@]}" "${long[@]}")
+  else
+    options=("${workers[@]}" "${threads[@]}") loaders=(torch ferry-thread)
   fi
   timeout -k 5 "$budget" "$python" scripts/scaling_costs.py --workload jpeg "${gpu[@]}" \
-    --loader torch ferry "${options[@]}" >"$out/$step.txt" 2>&1
+    --loader "${loaders[@]}" "${options[@]}" >"$out/$step.txt" 2>&1
   echo "device_next: $step exit $?, $(left) s left" | tee -a "$out/steps.txt"
 done
-# 4. (the least of the four: only with time to spare)
+# 5. (the least of the five: only with time to spare)
 budget=$(($(left) - 10))
 if [ "$budget" -ge 45 ]; then
   timeout -k 5 "$budget" "$python" scripts/main_ceiling.py "${ceiling[@]}" >"$out/ceiling.txt" 2>&1
@@ -73,4 +81,5 @@ if [ "$budget" -ge 45 ]; then
 else
   echo "device_next: ceiling left out (${budget} s left)" | tee -a "$out/steps.txt"
 fi
-cat "$out/bench/table.txt" "$out/nudged.txt" "$out/long.txt" "$out/ceiling.txt" 2>/dev/null
+cat "$out/bench/table.txt" "$out/nudged.txt" "$out/long.txt" "$out/threads.txt" "$out/ceiling.txt" \
+  2>/dev/null
