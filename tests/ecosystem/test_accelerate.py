@@ -525,3 +525,18 @@ def test_use_stateful_dataloader_saves_and_resumes_a_ferry_loader(
     if case == "map" and num_workers:
         # torchdata's state, saved this way, resumes another permutation: ferry's is the fix
         assert oracle["resumed"] != oracle["rest"]
+
+
+@pytest.mark.timeout(60)
+def test_use_stateful_dataloader_needs_no_torchdata_when_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(acc_dl, "is_torchdata_stateful_dataloader_available", lambda: False)
+    loader = _stateful_loader(ferry, "map", 0)
+    with pytest.raises(ImportError, match="StatefulDataLoader is not available"):
+        _stateful_accelerator().prepare(loader)
+    with ferry.accelerate.installed():
+        prepared = _stateful_accelerator().prepare(loader)
+    assert type(prepared.base_dataloader) is ferry.DataLoader
+    assert prepared.use_stateful_dataloader
+    assert len(_flat(prepared)) == 13
