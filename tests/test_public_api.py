@@ -167,7 +167,7 @@ def test_public_names_are_documented(name: str) -> None:
     assert inspect.getdoc(obj), f"{name} has no docstring"
 
 
-@pytest.mark.parametrize("name", CLASS_NAMES)
+@pytest.mark.parametrize("name", [*CLASS_NAMES, "DistributedSampler"])
 def test_classes_are_generic_like_torchs(name: str) -> None:
     torch_class, ferry_class = _torch_object(name), getattr(ferry, name)
     try:

@@ -32,7 +32,7 @@ from ferry._core.ranks import process_group_rank_world, rank_world
 from ferry._sampler_state import SamplerRun, _IterationState, _state_int
 from ferry._torch_types import TorchDistributedSampler
 from ferry._validate import as_int, check_bool
-from ferry.samplers import TensorChunkSampler
+from ferry.samplers import T_co, TensorChunkSampler
 
 __all__ = [
     "DatasetLengthChangedError",
@@ -80,8 +80,13 @@ def _required_from_group(option: str) -> tuple[int, int]:
     )
 
 
-class DistributedSampler(
-    _IterationState, TensorChunkSampler, TorchDistributedSampler[int], twin=TorchDistributedSampler
+# Generic as torch's (``DistributedSampler[int]`` in annotations and calls); it yields ints, as
+# torch's does whatever its parameter says, hence TensorChunkSampler's Iterator[int].
+class DistributedSampler(  # type: ignore[misc]
+    _IterationState,
+    TensorChunkSampler,
+    TorchDistributedSampler[T_co],
+    twin=TorchDistributedSampler,
 ):
     """Yields the part of a map-style dataset's indices that belongs to one rank.
 
