@@ -42,10 +42,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ferry.distributed",
             "ferry.stats",
             "ferry.shared_list",
+            "ferry.dataset",
+            "ferry.sampler",
         ),
     ),
     ("engine", ("ferry._engine",)),
-    ("loader", ("ferry.loader", "ferry._sampling", "ferry.accelerate", "ferry")),
+    (
+        "loader",
+        ("ferry.loader", "ferry.dataloader", "ferry._sampling", "ferry.accelerate", "ferry"),
+    ),
     ("tools", ("ferry._cli", "ferry.doctor", "ferry.bench", "ferry.__main__")),
 ]
 # The engine's rooms (docs/design/modules.md), lowest first; the longest prefix decides.

@@ -70,6 +70,24 @@ def test_spec_names_are_exported(name: str) -> None:
     assert name in ferry.__all__
 
 
+SUBMODULES = ["dataloader", "dataset", "sampler", "distributed"]
+
+
+@pytest.mark.parametrize("sub", SUBMODULES)
+def test_torchs_public_submodules_have_a_ferry_twin(sub: str) -> None:
+    """``s/torch.utils.data/ferry/`` works for ``from torch.utils.data.sampler import X`` too:
+    each public submodule of torch's has one of the same name in ferry, with the same names,
+    each ferry's own object."""
+    import importlib
+
+    theirs = importlib.import_module(f"torch.utils.data.{sub}")
+    ours = importlib.import_module(f"ferry.{sub}")
+    for name in theirs.__all__:
+        assert getattr(ours, name) is getattr(ferry, name), (sub, name)
+    if sub != "distributed":  # (ferry's distributed module has ferry's own helpers too)
+        assert sorted(ours.__all__) == sorted(theirs.__all__)
+
+
 def test_all_is_sorted_and_resolves() -> None:
     assert ferry.__all__ == sorted(ferry.__all__)
     assert len(set(ferry.__all__)) == len(ferry.__all__)
