@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ferry.shared_list",
             "ferry.dataset",
             "ferry.sampler",
+            "ferry._utils",
         ),
     ),
     ("engine", ("ferry._engine",)),

@@ -88,6 +88,19 @@ def test_torchs_public_submodules_have_a_ferry_twin(sub: str) -> None:
         assert sorted(ours.__all__) == sorted(theirs.__all__)
 
 
+def test_torchs_documented_collate_path_has_a_ferry_twin() -> None:
+    """torch's documentation imports ``collate`` and ``default_collate_fn_map`` from
+    ``torch.utils.data._utils.collate``; the same path under ferry gives ferry's."""
+    import importlib
+
+    ours = importlib.import_module("ferry._utils.collate")
+    collate_module = importlib.import_module("ferry.collate")
+    for name in ours.__all__:
+        assert hasattr(torch_collate, name), name
+        assert getattr(ours, name) is getattr(collate_module, name), name
+    assert {"collate", "default_collate_fn_map"} <= set(ours.__all__)
+
+
 def test_all_is_sorted_and_resolves() -> None:
     assert ferry.__all__ == sorted(ferry.__all__)
     assert len(set(ferry.__all__)) == len(ferry.__all__)
