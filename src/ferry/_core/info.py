@@ -67,10 +67,9 @@ class WorkerInfo:
     worker_method: str | None = "multiprocessing"
 
     def __repr__(self) -> str:
-        return (
-            f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed}, "
-            f"dataset={type(self.dataset).__name__})"
-        )
+        # torch's form: every field, each value's repr (the dataset's included)
+        fields = ("id", "num_workers", "seed", "dataset", "rng", "worker_method")
+        return f"WorkerInfo({', '.join(f'{name}={getattr(self, name)!r}' for name in fields)})"
 
 
 class _ProcessSlot:
