@@ -201,6 +201,9 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         self._live_iterator: Any = None
         self._wrapped: dict[int, LoaderIterator] = {}
         self._made: LoaderIterator | None = None
+        # Persistent workers an error stopped: their base seed, for the workers that replace
+        # them (as torch's persistent workers keep theirs), taken by the next iterator made.
+        self._kept_seed: int | None = None
         # Resume: the state loaded for the next iterator, and the epoch track of the last one.
         self._resume = Resumer()
         self._pool: BufferPool | None = None
@@ -255,8 +258,13 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
             if kept is None or reset is None or stopped or self._resume.pending is not None:
                 # (an iterator without torch's _reset, which an override may return, is
                 # replaced, where torch's loader would fail on it; so is one an error ended:
-                # its workers were stopped, the next epoch starts new ones)
-                self._replace_iterator(self._obtain_iterator())  # stops the old one's workers
+                # its workers were stopped, the next epoch starts new ones, with their seed)
+                if stopped and self._resume.pending is None:
+                    self._kept_seed = getattr(self._wrapped.get(id(kept), kept), "_base_seed", None)
+                try:
+                    self._replace_iterator(self._obtain_iterator())  # stops the old workers
+                finally:
+                    self._kept_seed = None
             else:
                 reset(self)
             return self._live_iterator  # type: ignore[no-any-return]
@@ -430,7 +438,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         else:
             from ferry._engine.pool import WorkerIterator
 
-            iterator = WorkerIterator(plan, resume, budget, run)
+            iterator = WorkerIterator(plan, resume, budget, run, base_seed=self._kept_seed)
         self._resume.track, self._resume.stats = iterator._track, iterator._stats
         self._made = iterator
         return iterator

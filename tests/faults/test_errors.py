@@ -247,6 +247,56 @@ def test_worker_init_fn_error(kind: Kind) -> None:
         next(iterator)
 
 
+class _WhoSeeds(tud.Dataset[Any]):
+    """An index and the seed of the worker that read it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        info = tud.get_worker_info()
+        return index, -1 if info is None else info.seed
+
+
+def _fail_in_worker_1(worker_id: int) -> None:
+    if worker_id == 1:
+        raise ValueError("boom in worker 1")
+
+
+@pytest.mark.timeout(60)
+def test_persistent_workers_replaced_after_an_error_keep_torchs_seeds_and_order() -> None:
+    """torch's persistent workers outlive a failed ``worker_init_fn`` (the failed one serves
+    later epochs uninitialized); ferry's iterator is over after the error, and the next epoch
+    starts new workers. They keep the old workers' base seed, as torch's keep theirs: no new
+    draw from the loader's generator, so each later epoch shuffles and seeds as torch's."""
+    import torch
+
+    def first_batch_of_each_epoch(lib: Any) -> list[Any]:
+        loader = lib.DataLoader(
+            _WhoSeeds(),
+            batch_size=2,
+            num_workers=2,
+            persistent_workers=True,
+            worker_init_fn=_fail_in_worker_1,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(0),
+        )
+        firsts = []
+        for _ in range(3):
+            iterator, batches = iter(loader), []
+            while True:
+                try:
+                    batches.append(next(iterator))
+                except StopIteration:
+                    break
+                except Exception:  # (the failed worker's batches, in both)
+                    continue
+            firsts.append([t.tolist() for t in batches[0]])
+        return firsts
+
+    assert first_batch_of_each_epoch(ferry) == first_batch_of_each_epoch(tud)
+
+
 # -- what cannot be sent to a spawn/forkserver worker --------------------------------------------
 
 

@@ -115,7 +115,11 @@ class LoaderIterator(TorchLoaderIterator):
         resume: Cursor | None = None,
         budget: SkipBudget | None = None,
         run: RunCounts | None = None,
+        *,
+        base_seed: int | None = None,
     ) -> None:
+        """``base_seed``: a fresh epoch's workers take it instead of drawing one (persistent
+        workers an error stopped, replaced: as torch's, they keep their seed)."""
         self._plan = plan
         self._iterable_style = plan.iterable_style
         self._gathers = (
@@ -127,6 +131,8 @@ class LoaderIterator(TorchLoaderIterator):
             start = replace(start, run=replace(start.run, skipped=budget.skipped, seen=budget.seen))
         if resume is None and run is not None:
             start = replace(start, run=replace(start.run, epoch_starts=run.epoch_starts))
+        if resume is None and base_seed is not None:
+            start = replace(start, base_seed=base_seed, seed_drawn=False)
         self._carried_budget = budget
         if resume is not None and not start.started:
             self._at_save_point(start)  # between epochs: the state came before the draws

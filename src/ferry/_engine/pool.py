@@ -76,13 +76,15 @@ class WorkerIterator(LoaderIterator):
         resume: Cursor | None = None,
         budget: SkipBudget | None = None,
         run: RunCounts | None = None,
+        *,
+        base_seed: int | None = None,
     ) -> None:
         if not plan.prefetch_factor:
             # torch refuses it too (when the iterator is made): no batch could ever be asked.
             raise ValueError(
                 f"prefetch_factor must be >= 1 with num_workers > 0, got {plan.prefetch_factor}"
             )
-        super().__init__(plan, resume, budget, run)
+        super().__init__(plan, resume, budget, run, base_seed=base_seed)
         # Which worker makes which batch and which is handed out next (no transport).
         self._schedule = Scheduler(plan.num_workers, plan.in_order, plan.balance_workers)
         self._crew = self._new_crew()
