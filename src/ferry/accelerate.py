@@ -172,8 +172,8 @@ def _adjust_ferry_states(
         lag = self.state.num_processes - 1
         if lag == 0:
             return
-        keeper = self.__dict__.get("_ferry_state_lag")
-        if keeper is None or keeper.states.maxlen != lag + 1:
+        keeper = self.__dict__.get("_ferry_state_lag")  # (not __getattr__: the base loader's)
+        if keeper is None:
             keeper = self.__dict__["_ferry_state_lag"] = _StateLag(lag)
         self.dl_state_dict = keeper.taken(self.dl_state_dict, bool(self.end_of_dataloader))
 

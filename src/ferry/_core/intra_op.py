@@ -62,10 +62,12 @@ def settle() -> None:
 def one_intra_op_thread() -> None:
     """Makes torch's parallel operations started from the calling thread run on it alone; the
     count of every other thread, and the default new threads take, stay what they were."""
-    if not _PER_THREAD or torch.get_num_threads() == 1:
-        return  # (get_num_threads: this thread takes the default now, if it had none)
+    if not _PER_THREAD:
+        return
+    before = torch.get_num_threads()  # (this thread takes the default now, if it had none)
+    if before == 1:
+        return
     with _guard.lock:
-        before = torch.get_num_threads()
         torch.set_num_threads(1)
         helper = threading.Thread(
             target=torch.set_num_threads, args=(before,), name="ferry-intra-op", daemon=True
