@@ -113,6 +113,33 @@ def test_stall_report_names_the_stuck_worker_its_batches_and_its_stack(
 
 
 @pytest.mark.timeout(60)
+def test_stall_report_shows_the_reads_a_thread_worker_runs_on_its_read_pool() -> None:
+    """Every read sleeps, so thread workers read a batch's samples at once on their read pool
+    and wait for them there: the report also gives the stack of each read in flight for the
+    stalled worker, which is where the user's code is (on a loaded machine the pool takes
+    reads that only look slow, so the test above met this too, now and then)."""
+    dataset = rd.Augmented(12, delay=0.02, slow={5: STUCK})
+    loader = make_loader(dataset, worker_type="thread")
+    with pytest.warns(StallWarning) as caught:
+        batches = list(loader)
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert "worker 0 (pid " in message
+    assert "fetching batch 2 (indices [4, 5])" in message
+    worker_part, _, read_part = message.partition(
+        "    its read of index 5 on the read pool (most recent call last):\n"
+    )
+    assert read_part, message
+    assert "in _gather" in worker_part, message  # the worker waits on the pool
+    assert f'File "{rd.__file__}"' in read_part, message
+    assert "in __getitem__" in read_part, message
+    assert "time.sleep(self.slow[index])" in read_part, message
+    assert "reads.py" not in read_part, message  # (the pool's own frames are left out)
+    assert "its read of index 4" not in message, message  # (done before the report)
+    assert indices_of(batches) == [[2 * i, 2 * i + 1] for i in range(6)]
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)
 def test_stream_stall_names_the_next_batch_of_its_dataset_stream(worker_type: str) -> None:
     """An iterable-style dataset stalls at item 4 (worker 0's second batch: items 4 and 6):

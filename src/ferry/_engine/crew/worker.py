@@ -65,7 +65,7 @@ from ferry._engine.work.fetch import (
     make_batch,
     make_fetcher,
 )
-from ferry._engine.work.reads import SampleReads
+from ferry._engine.work.reads import SampleReads, reads_serving
 
 if TYPE_CHECKING:
     from ferry._engine.plan import EpochPlan
@@ -200,13 +200,18 @@ class Activity:
         self.since = time.monotonic()
 
     def stack(self, worker_id: int, thread_id: int | None) -> Stack:
-        """This worker's :class:`Stack`: its activity and the stack of thread ``thread_id``."""
+        """This worker's :class:`Stack`: its activity and the stack of thread ``thread_id``,
+        then those of the pool threads reading samples for it (a worker whose reads run at
+        once waits in the pool's futures; the user's code is on those threads)."""
         frame = sys._current_frames().get(thread_id) if thread_id is not None else None
         frames = traceback.extract_stack(frame) if frame is not None else []
         # From the fetch down: what led to the worker loop (process start-up) is not news.
         loop = [i for i, f in enumerate(frames) if f.name == run_worker_loop.__name__]
         shown = frames[loop[-1] + 1 :] if loop else frames
         text = "".join(traceback.format_list(shown)) if shown else "(no stack)\n"
+        for key, stack in reads_serving(thread_id) if thread_id is not None else []:
+            text += f"its read of index {key!r} on the read pool (most recent call last):\n"
+            text += "".join(stack.format())
         return Stack(worker_id, self.task, self.since, text)
 
 

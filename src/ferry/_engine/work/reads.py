@@ -32,12 +32,16 @@ from __future__ import annotations
 
 import _thread
 import math
+import os
 import queue
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from time import perf_counter, thread_time
+from types import FrameType
 from typing import Any
 
 from ferry._core.alloc import expect_batch
@@ -51,6 +55,7 @@ __all__ = [
     "Failed",
     "SampleReads",
     "busy_of",
+    "reads_serving",
 ]
 
 # Reads run in parallel once they wait at least this many times their CPU time.
@@ -61,6 +66,32 @@ POOL_LIMIT = 64
 SMOOTHING = 0.3
 # The loader's first read is judged while it runs once it has taken this long (seconds).
 PEEK = 0.0005
+
+_SERVING: dict[int, tuple[int, Any, FrameType]] = {}
+"""The reads running on pool threads now: the pool thread's id -> (the id of the thread that
+asked for the read, its key, the pool's frame that calls the dataset). A stall report shows a
+waiting worker's reads through it."""
+os.register_at_fork(after_in_child=_SERVING.clear)  # (those threads are not in the child)
+
+
+def reads_serving(thread_id: int) -> list[tuple[Any, traceback.StackSummary]]:
+    """The reads pool threads run now for thread ``thread_id``: each one's key and stack,
+    from the dataset's call down (the pool's own frames left out)."""
+    current = sys._current_frames()
+    found = []
+    for reader, (owner, key, base) in list(_SERVING.items()):
+        frame = current.get(reader)
+        if owner != thread_id or frame is None:
+            continue
+        chain = []
+        while frame is not None and frame is not base:
+            chain.append(frame)
+            frame = frame.f_back
+        if frame is base:  # (else the read ended meanwhile)
+            found.append(
+                (key, traceback.StackSummary.extract((f, f.f_lineno) for f in reversed(chain)))
+            )
+    return found
 
 
 def busy_of(thread: threading.Thread | None = None) -> float:
@@ -226,6 +257,7 @@ class _FirstRead:
         self.thread = thread
         self.began: tuple[float, float] | None = None
         self.info = thread_worker_info()  # (made on the reading thread)
+        self.owner = threading.get_ident()
         self.over = False
         self.rest: tuple[list[Future[Any]], list[tuple[float, float]]] | None = None
 
@@ -283,7 +315,8 @@ class SampleReads:
             return self._first(dataset, keys, collect)
         if min(self.width, len(keys)) <= 1:
             return self._serial(dataset, keys, collect)
-        launched = self._launch(dataset, keys, min(self.width, len(keys)), thread_worker_info())
+        width = min(self.width, len(keys))
+        launched = self._launch(dataset, keys, width, thread_worker_info(), threading.get_ident())
         return self._gather(*launched, collect=collect, expect=True)
 
     def _first(self, dataset: Any, keys: Sequence[Any], collect: bool) -> list[Any]:
@@ -338,7 +371,7 @@ class SampleReads:
                 wall = self._clock() - first.began[0]
                 busy = self._busy(first.thread) - first.began[1]
                 if wall >= PEEK and wall >= PARALLEL_FROM * busy:
-                    first.rest = self._launch(dataset, rest, len(rest) + 1, first.info)
+                    first.rest = self._launch(dataset, rest, len(rest) + 1, first.info, first.owner)
                     waits = True
                     break
             if wall >= PEEK and not told:  # it computes, for now
@@ -379,12 +412,17 @@ class SampleReads:
         return results, (clock() - start) / count, (cpu_clock() - cpu_start) / count
 
     def _launch(
-        self, dataset: Any, keys: Sequence[Any], at_once: int, info: WorkerInfo | None
+        self,
+        dataset: Any,
+        keys: Sequence[Any],
+        at_once: int,
+        info: WorkerInfo | None,
+        owner: int,
     ) -> tuple[list[Future[Any]], list[tuple[float, float]]]:
         """Begin every read of ``keys`` on the pool (at most ``limit`` run at once; ``at_once``
         reads of this batch are in flight, for the statistics), each seeing ``info`` as its
-        worker's (the thread worker that asked for them); returns their futures, in key order,
-        and the list their times go into."""
+        worker's and counted as serving thread ``owner`` (the worker that asked for them);
+        returns their futures, in key order, and the list their times go into."""
         pool = self._executor()
         self.peak_width = max(self.peak_width, min(at_once, self.limit))
         clock, cpu_clock = self._clock, self._cpu_clock
@@ -392,11 +430,14 @@ class SampleReads:
 
         def one(key: Any) -> Any:
             set_thread_worker_info(info)
+            me = threading.get_ident()
+            _SERVING[me] = (owner, key, sys._getframe())
             start, cpu_start = clock(), cpu_clock()
             try:
                 return dataset[key]
             finally:
                 times.append((clock() - start, cpu_clock() - cpu_start))  # (atomic append)
+                del _SERVING[me]
 
         return [pool.submit(one, key) for key in keys], times
 
