@@ -287,7 +287,10 @@ def test_measure_leaves_the_warm_up_out_and_draws_a_bar() -> None:
     assert (run.batches, run.warmup, run.steady_batches, run.ended) == (10, 2, 8, False)
     assert run.stats is not None
     assert run.stats.batches == 8
-    assert sum(w.batches for w in run.stats.workers) >= 8
+    # Batches the workers made in the window: those delivered in it, give or take those in
+    # flight at its two ends (made before the warm-up's end, or not yet delivered at the end).
+    in_flight = loader.num_workers * loader.prefetch_factor
+    assert abs(sum(w.batches for w in run.stats.workers) - 8) <= in_flight
     assert all(0 < w.busy_fraction <= 1 for w in run.stats.workers)
     assert run.epoch_batches == 400
     assert run.first_batch_s > 0
