@@ -21,6 +21,7 @@ import torch.utils.data as tud
 import ferry
 from _support.datasets import AllAtOnce
 from _support.resume import assert_resumes_exactly
+from ferry._engine.work import reads as reads_module
 from ferry._engine.work.reads import PARALLEL_FROM, Failed, SampleReads, busy_of
 
 LATENCY = 0.004
@@ -202,6 +203,43 @@ def test_a_first_read_that_computes_keeps_the_batch_on_the_callers_thread() -> N
         reads.close()
     assert data.threads == {threading.current_thread().name}
     assert reads.width == 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("wall", "cpu", "waits"), [(0.01, 0.0001, True), (0.01, 0.009, False)])
+def test_a_first_read_that_ends_before_its_watcher_looks_is_judged_by_what_it_took(
+    monkeypatch: pytest.MonkeyPatch, wall: float, cpu: float, waits: bool
+) -> None:
+    """On a machine whose CPUs are all busy the watcher may not run until the first read has
+    ended: what it tells (``num_workers="auto"`` starts the other process workers when told
+    the read computes) is then what the read took, not "computes" for want of a look."""
+    clocks = _Clocks()
+    read_over = threading.Event()
+
+    class HeldWatcher:  # the watcher's first nap lasts until the first read is over
+        @staticmethod
+        def sleep(_seconds: float) -> None:
+            read_over.wait(10)
+
+    monkeypatch.setattr(reads_module, "time", HeldWatcher)
+    timed = clocks.dataset(wall, cpu)
+
+    class Data:
+        def __getitem__(self, index: int) -> int:
+            if index > 0:  # (read once the first one is over)
+                read_over.set()
+            return int(timed[index])
+
+    told: list[bool] = []
+    reads = SampleReads(
+        clock=lambda: clocks.wall, cpu_clock=lambda: clocks.cpu, busy=lambda _: clocks.cpu
+    )
+    reads.on_first_look = told.append
+    try:
+        assert reads.read(Data(), [0, 1]) == [0, 1]
+    finally:
+        reads.close()  # (waits for the watcher)
+    assert told == [waits]
 
 
 @pytest.mark.timeout(30)

@@ -250,7 +250,8 @@ class _Detached:
 class _FirstRead:
     """The loader's first read, as a watcher sees it: when it began (wall and busy seconds
     of the thread reading; None: not yet), and the reads of the rest of its batch once the
-    watcher began them (``over``: the read ended, nothing more is begun)."""
+    watcher began them (``over``: the read ended, nothing more is begun; ``took``: its wall
+    and busy seconds, where they could be read)."""
 
     def __init__(self, thread: threading.Thread) -> None:
         self.lock = threading.Lock()
@@ -259,6 +260,7 @@ class _FirstRead:
         self.info = thread_worker_info()  # (made on the reading thread)
         self.owner = threading.get_ident()
         self.over = False
+        self.took: tuple[float, float] | None = None  # (wall, busy seconds, once it ended)
         self.rest: tuple[list[Future[Any]], list[tuple[float, float]]] | None = None
 
 
@@ -292,7 +294,8 @@ class SampleReads:
         self.width = 1
         self.peak_width = 1  # the most reads of one batch run at once (for the statistics)
         # Told once, from the first read's watcher, whether that read waits (True: the rest of
-        # its batch was begun at once) or not (it computes, or ended before it was judged).
+        # its batch was begun at once, unless it had ended) or computes (False); a read that
+        # ended before the watcher could look is judged by what it took.
         self.on_first_look: Callable[[bool], None] | None = None
         if measured is not None:  # (one read's wall and CPU seconds, measured elsewhere)
             self._measured(*measured)
@@ -340,8 +343,10 @@ class SampleReads:
                     for future in first.rest[0]:
                         future.cancel()
             raise
+        took = (self._clock() - began[0], self._busy(thread) - began[1]) if began[1] >= 0 else None
         with first.lock:
             first.over = True
+            first.took = took
             rest = first.rest
         if rest is None:  # not judged to wait (yet): the rest as the first read measures
             self._measured(wall, cpu)
@@ -363,8 +368,11 @@ class SampleReads:
             time.sleep(min(max(PEEK, wall / 10), 0.05))
             with first.lock:
                 if first.over or (first.began is not None and first.began[1] < 0):
-                    # (it ended; or no way to read another thread's CPU time here)
-                    waits = False
+                    # It ended before a look could judge it (on a busy machine this thread
+                    # may not run for milliseconds): judged by what it took. Or there is no
+                    # way to read another thread's CPU time here.
+                    took = first.took
+                    waits = took is not None and took[0] >= max(PEEK, PARALLEL_FROM * took[1])
                     break
                 if first.began is None:
                     continue
