@@ -20,6 +20,7 @@ import itertools
 import math
 import numbers
 import warnings
+from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
@@ -93,6 +94,13 @@ class IterableDataset(Dataset[T_co], TorchIterableDataset[T_co], twin=TorchItera
     workers each worker iterates its own copy; use :func:`ferry.get_worker_info` inside
     ``__iter__`` to give each a disjoint share. ``a + b`` chains two streams.
     """
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[T_co]:
+        """The samples, in order (each worker's copy gives its share)."""
+        # (Declared here, not left to torch: torch 2.1's class defines a concrete one that
+        # raises NotImplementedError, which would make subclasses without one instantiable.)
+        raise NotImplementedError
 
     def __add__(self, other: Dataset[T_co]) -> ChainDataset:  # type: ignore[override]
         return ChainDataset([self, other])
