@@ -43,6 +43,7 @@ from _support.strategies import (
     batches,
     make_tensor,
 )
+from _support.torch_versions import needs_torch
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 
@@ -77,6 +78,7 @@ def test_default_collate_matches_torch(batch: list[Any]) -> None:
     _assert_both(lambda m: m.default_collate(_fresh(batch)))
 
 
+@needs_torch("2.5", "the containers collation keeps")
 @HYPOTHESIS
 @given(batch=batches())
 def test_collate_in_a_loader_matches_collate_outside(batch: list[Any]) -> None:
@@ -93,6 +95,7 @@ def test_default_convert_matches_torch(batch: list[Any]) -> None:
     _assert_both(lambda m: m.default_convert(tuple(_fresh(batch))), "tuple of samples")
 
 
+@needs_torch("2.5", "the containers conversion keeps")
 @HYPOTHESIS
 @given(batch=batches(max_size=3))
 def test_unbatched_loader_converts_like_torch(batch: list[Any]) -> None:
@@ -199,6 +202,7 @@ def test_default_convert_numpy_scalars(value: Any) -> None:
 # -- mappings and sequences ----------------------------------------------------------------------
 
 
+@needs_torch("2.5", "the mapping types collation keeps")
 def test_mappings_keep_their_type_when_they_can() -> None:
     default = collections.defaultdict(list, a=1)
     batch = [default, collections.defaultdict(list, a=2)]
@@ -315,13 +319,24 @@ ERRORS = {
 }
 
 
-@pytest.mark.parametrize("batch", ERRORS.values(), ids=ERRORS.keys())
+@pytest.mark.parametrize(
+    "batch",
+    [
+        pytest.param(
+            batch,
+            id=name,
+            marks=[needs_torch("2.5", "refusing sparse tensors")] if name == "sparse coo" else [],
+        )
+        for name, batch in ERRORS.items()
+    ],
+)
 def test_errors_match_torch(batch: list[Any]) -> None:
     expected = outcome(lambda: tud.default_collate(batch))
     got = outcome(lambda: ferry.default_collate(batch))
     assert_same_outcome(expected, got)
 
 
+@needs_torch("2.5", "refusing nested tensors")
 def test_nested_tensors_are_refused_like_torch() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "nested tensors are a prototype"

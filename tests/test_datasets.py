@@ -33,6 +33,7 @@ from _support.compare import (
     stable_id,
     stream_dataset,
 )
+from _support.torch_versions import needs_torch
 from ferry.datasets import is_iterable_style, tensor_gather
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
@@ -56,6 +57,7 @@ def test_dataset_base_getitem_is_abstract() -> None:
         ferry.Dataset()[0]
 
 
+@needs_torch("2.5", "an abstract IterableDataset.__iter__")
 def test_iterable_dataset_without_iter_fails_like_torch() -> None:
     """torch's IterableDataset is an abstract ``Iterable``: a subclass that forgets
     ``__iter__`` cannot be instantiated (TypeError)."""
@@ -190,6 +192,7 @@ def test_tensor_dataset_batches_keep_torchs_strides(source: torch.Tensor) -> Non
             assert torch.equal(ours[0], theirs[0])
 
 
+@needs_torch("2.5", "refusing to collate sparse tensors")
 def test_sparse_tensor_dataset_fails_as_torchs() -> None:
     sparse = torch.eye(4).to_sparse()
     differential(lambda m: m.DataLoader(m.TensorDataset(sparse), batch_size=2))
@@ -320,6 +323,7 @@ def test_stack_dataset_errors_match_torch(build: Callable[[Any], Any]) -> None:
     assert_same_outcome(expected, got)
 
 
+@needs_torch("2.5", "StackDataset.__getitems__")
 @pytest.mark.parametrize("keyword", [False, True])
 def test_stack_dataset_getitems_matches_torch(keyword: bool) -> None:
     def build(module: Any) -> Any:
@@ -334,6 +338,7 @@ def test_stack_dataset_getitems_matches_torch(keyword: bool) -> None:
     _assert_both(build)
 
 
+@needs_torch("2.5", "StackDataset.__getitems__")
 def test_stack_dataset_getitems_checks_the_inner_batch_size() -> None:
     class Short(DuckGetitems):
         def __getitems__(self, indices: list[int]) -> list[Any]:
@@ -486,6 +491,7 @@ def test_subset_getitems_delegates_to_the_dataset() -> None:
     _assert_both(lambda m: m.Subset(DuckMap(list("abc")), [2, 1]).__getitems__([1, 0]))
 
 
+@needs_torch("2.13", "refusing a Subset that overrides only __getitem__")
 def test_subset_subclass_overriding_only_getitem_is_refused_like_torch() -> None:
     """torch refuses (NotImplementedError) a Subset subclass that overrides ``__getitem__``
     but not ``__getitems__``: the loader would silently bypass the override."""

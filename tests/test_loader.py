@@ -32,6 +32,7 @@ from _support.compare import (
     stable_id,
     stream_dataset,
 )
+from _support.torch_versions import needs_torch
 from ferry._engine.transport.pin import accelerator_available
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
@@ -54,6 +55,7 @@ def _cpus() -> int:
 # -- signature -----------------------------------------------------------------------------------
 
 
+@needs_torch("2.9", "DataLoader(in_order=)")
 def test_signature_is_torchs_plus_keyword_only_extensions() -> None:
     expected = _params(tud.DataLoader)
     got = _params(ferry.DataLoader)
@@ -72,6 +74,7 @@ def test_signature_is_torchs_plus_keyword_only_extensions() -> None:
     ]
 
 
+@needs_torch("2.9", "DataLoader(in_order=)")
 def test_defaults_are_torchs() -> None:
     expected, got = tud.DataLoader(range(3)), ferry.DataLoader(range(3))
     for attr in (
@@ -116,6 +119,7 @@ def test_positional_arguments_land_where_torchs_do() -> None:
         assert loader.generator is generator
 
 
+@needs_torch("2.9", "DataLoader(in_order=)")
 def test_loader_attributes_match_torch() -> None:
     def build(m: Any) -> Any:
         return m.DataLoader(
@@ -260,7 +264,7 @@ def test_worker_type_is_validated() -> None:
         {"shuffle": 1},
         {"shuffle": None, "sampler": [2, 0]},
         {"pin_memory_device": "cpu"},
-        {"in_order": False},
+        pytest.param({"in_order": False}, marks=[needs_torch("2.9", "DataLoader(in_order=)")]),
         *(
             []
             if np is None
@@ -654,6 +658,7 @@ def test_pin_memory_without_an_accelerator_warns_each_epoch_and_yields_plain_ten
     assert_same(second, torch_batches)
 
 
+@needs_torch("2.9", "pinning by torch.accelerator and its warnings")
 @pytest.mark.skipif(accelerator_available(), reason="checks the no-accelerator fallback")
 def test_pin_memory_warning_comes_from_torch_too() -> None:
     with pytest.warns(UserWarning, match="pin_memory"):

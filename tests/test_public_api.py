@@ -21,6 +21,7 @@ from torch.utils.data._utils import collate as torch_collate
 from torch.utils.data._utils import worker as torch_worker
 
 import ferry
+from _support.torch_versions import needs_torch
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 
@@ -144,6 +145,7 @@ def test_random_split_default_generator_is_torchs_default_generator() -> None:
     assert default is torch.default_generator
 
 
+@needs_torch("2.13", "a WorkerInfo that is a frozen dataclass")
 def test_worker_info_has_the_specs_attributes_and_is_frozen_like_torchs() -> None:
     fields = [f.name for f in dataclasses.fields(ferry.WorkerInfo)]
     if dataclasses.is_dataclass(torch_worker.WorkerInfo):

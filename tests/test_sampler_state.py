@@ -24,6 +24,7 @@ from torchdata.stateful_dataloader.sampler import RandomSampler as TorchdataRand
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 import ferry
+from _support.torch_versions import needs_torch
 from ferry._engine.position.keys import builtin_source
 from ferry.distributed import DistributedSampler
 
@@ -287,6 +288,7 @@ def test_torch_save_weights_only_round_trip() -> None:
         assert list(fresh) == expected[2:]
 
 
+@needs_torch("2.5", "pickling a torch.Generator")
 def test_pickle_and_deepcopy_mid_iteration() -> None:
     sampler = ferry.RandomSampler(range(50), generator=_gen(2))
     it = iter(sampler)

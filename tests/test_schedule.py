@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from _support.clock import Clock
 from _support.compare import HYPOTHESIS
+from _support.torch_versions import needs_torch
 from ferry._engine.schedule import BALANCED_IN_FLIGHT, Scheduler, TaskId
 
 
@@ -298,6 +299,7 @@ class _Queue:
         pass
 
 
+@needs_torch("2.9", "DataLoader(in_order=)")
 @HYPOTHESIS
 @given(
     workers=st.integers(1, 5),

@@ -25,6 +25,7 @@ from _support.strategies import (
     Row,
     build_container,
 )
+from _support.torch_versions import needs_torch
 from ferry._structure import is_namedtuple, map_structure, rebuild_mapping, rebuild_sequence
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
@@ -60,6 +61,7 @@ def _array_to_tensor(leaf: Any) -> Any:
     return torch.as_tensor(leaf) if isinstance(leaf, np.ndarray) else leaf
 
 
+@needs_torch("2.5", "the containers conversion keeps")
 @HYPOTHESIS
 @given(data=structures(st.integers(0, 9).map(lambda v: np.array([v]))))
 def test_map_structure_rebuilds_containers_like_torchs_default_convert(data: Any) -> None:

@@ -17,6 +17,7 @@ from torch.utils.data._utils.worker import WorkerInfo as TorchWorkerInfo
 
 import ferry
 from _support.compare import DuckStream, map_dataset, stream_dataset
+from _support.torch_versions import needs_torch
 from compat.phrases import Case, check, params
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
@@ -239,6 +240,7 @@ SAMPLERS = [
                 "Default process group has not been initialized, please make sure to call "
                 "init_process_group",
             ),
+            marks=[needs_torch("2.5", "this message")],
         )
         for missing, kwargs in [("num_replicas", {"rank": 0}), ("rank", {"num_replicas": 2})]
     ),
@@ -260,6 +262,7 @@ SAMPLERS = [
             distributed_after_change(change, **kwargs),
             AssertionError,
             (rf"Number of indices \({got}\) does not match total_size \(4\)",),
+            marks=[needs_torch("2.13", "this message")],
         )
         for label, change, kwargs, got in [
             # torch pads the grown list with its first total_size indices: 5 + 4.
@@ -274,6 +277,7 @@ SAMPLERS = [
             distributed_after_change(change),
             AssertionError,
             (rf"Number of subsampled indices \({got}\) does not match num_samples \(2\)",),
+            marks=[needs_torch("2.13", "this message")],
         )
         for label, change, got in [
             ("rank", "rank=5", 0),
@@ -301,6 +305,7 @@ DATASETS = [
         lambda m: m.IterableDataset(),
         TypeError,
         ("Can't instantiate abstract class IterableDataset",),
+        marks=[needs_torch("2.5", "an abstract IterableDataset.__iter__")],
     ),
     Case(
         "iterable_dataset_getitem",
@@ -344,6 +349,7 @@ DATASETS = [
             build,
             ValueError,
             ("Nested dataset's output size mismatch. Expected 2, got 1",),
+            marks=[needs_torch("2.5", "StackDataset.__getitems__")],
         )
         for label, build in [
             ("args", lambda m: m.StackDataset(Short()).__getitems__([0, 1])),
@@ -373,6 +379,7 @@ DATASETS = [
         cummulative_sizes,
         FutureWarning,
         ("`cummulative_sizes` attribute is renamed to `cumulative_sizes`",),
+        marks=[needs_torch("2.5", "this warning's category")],
     ),
     *(
         Case(
@@ -391,6 +398,7 @@ DATASETS = [
         subset_overriding_getitem,
         NotImplementedError,
         ("Doubled overrides __getitem__ but not __getitems__",),
+        marks=[needs_torch("2.13", "this check")],
     ),
     Case(
         "random_split_fraction_out_of_range",
@@ -459,25 +467,31 @@ COLLATE = [
         RuntimeError,
         ("Batches of nested tensors are not currently supported by the default collate_fn",),
         # torch warns that nested tensors are a prototype.
-        marks=[pytest.mark.filterwarnings("ignore::UserWarning")],
+        marks=[
+            pytest.mark.filterwarnings("ignore::UserWarning"),
+            needs_torch("2.5", "this check"),
+        ],
     ),
     Case(
         "collate_sparse_tensors",
         sparse_tensors,
         RuntimeError,
         ("Batches of sparse tensors are not currently supported by the default collate_fn",),
+        marks=[needs_torch("2.5", "this check")],
     ),
     Case(
         "worker_info_is_frozen",
         set_worker_id,
         dataclasses.FrozenInstanceError,
         ("cannot assign to field 'id'",),
+        marks=[needs_torch("2.13", "a WorkerInfo that is a frozen dataclass")],
     ),
     Case(
         "worker_info_field_cannot_be_deleted",
         delete_worker_id,
         dataclasses.FrozenInstanceError,
         ("cannot delete field 'id'",),
+        marks=[needs_torch("2.13", "a WorkerInfo that is a frozen dataclass")],
     ),
 ]
 

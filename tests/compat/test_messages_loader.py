@@ -16,7 +16,9 @@ import torch
 
 from _support import datasets as ds
 from _support.compare import stream_dataset
+from _support.torch_versions import needs_torch
 from compat.phrases import Case, check, params
+from ferry._engine.transport.pin import accelerator_available
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
 
@@ -161,9 +163,11 @@ def warns_then_raises(trigger: Any) -> Any:
 
 
 NO_ACCELERATOR = pytest.mark.skipif(
-    torch.accelerator.is_available(), reason="the warning is about a machine with no accelerator"
+    accelerator_available(), reason="the warning is about a machine with no accelerator"
 )
 WORKERS = pytest.mark.timeout(60)
+# torch's loader asks torch.accelerator where to pin, and warns as it says.
+ACCELERATOR_API = needs_torch("2.9", "pinning by torch.accelerator and its warnings")
 
 
 OPTIONS = [
@@ -378,6 +382,7 @@ ITERATION = [
         lambda m: first_batch(m, timeout=1),
         AssertionError,
         ("requires timeout == 0",),
+        marks=[needs_torch("2.13", "this message")],
     ),
     Case(
         "prefetch_factor_zero_with_workers",
@@ -385,7 +390,10 @@ ITERATION = [
         AssertionError,
         ("prefetch_factor must be greater than 0",),
         # torch's half-built iterator fails in __del__ (it has no _shutdown attribute yet).
-        marks=[pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")],
+        marks=[
+            pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+            needs_torch("2.13", "this message"),
+        ],
     ),
     Case(
         "num_workers_negative_after_init",
@@ -393,7 +401,10 @@ ITERATION = [
         AssertionError,
         ("num_workers must be greater than 0",),
         # torch's half-built iterator fails in __del__ (it has no _shutdown attribute yet).
-        marks=[pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")],
+        marks=[
+            pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+            needs_torch("2.13", "this message"),
+        ],
     ),
     Case(
         "pickle_an_iterator",
@@ -419,6 +430,7 @@ WARNINGS = [
             r"Length of IterableDataset <.* object at 0x\w+> was reported to be 2\(when "
             r"accessing len\(dataloader\)\), but 3 samples have been fetched\. ",
         ),
+        marks=[needs_torch("2.5", "this warning's words")],
     ),
     Case(
         "more_batches_than_len_with_workers",
@@ -430,7 +442,7 @@ WARNINGS = [
             "For multiprocessing data-loading, this could be caused by not properly configuring "
             "the IterableDataset replica at each worker",
         ),
-        marks=[WORKERS],
+        marks=[WORKERS, needs_torch("2.5", "this warning's words")],
     ),
     Case(
         "too_many_workers_for_the_affinity",
@@ -469,34 +481,35 @@ WARNINGS = [
         lambda m: first_batch(m, pin_memory=True),
         UserWarning,
         ("'pin_memory' argument is set as true but no accelerator is found",),
-        marks=[NO_ACCELERATOR],
+        marks=[NO_ACCELERATOR, ACCELERATOR_API],
     ),
     Case(
         "pin_memory_without_accelerator_with_workers",
         lambda m: first_batch(m, pin_memory=True, num_workers=1, multiprocessing_context="fork"),
         UserWarning,
         ("'pin_memory' argument is set as true but no accelerator is found",),
-        marks=[NO_ACCELERATOR, WORKERS],
+        marks=[NO_ACCELERATOR, WORKERS, ACCELERATOR_API],
     ),
     Case(
         "pin_memory_on_mps",
         pin_on_mps(),
         UserWarning,
         ("'pin_memory' argument is set as true but not supported on MPS now",),
-        marks=[NO_ACCELERATOR],
+        marks=[NO_ACCELERATOR, ACCELERATOR_API],
     ),
     Case(
         "pin_memory_on_mps_with_workers",
         pin_on_mps(num_workers=1, multiprocessing_context="fork"),
         UserWarning,
         ("'pin_memory' argument is set as true but not supported on MPS now",),
-        marks=[NO_ACCELERATOR, WORKERS],
+        marks=[NO_ACCELERATOR, WORKERS, ACCELERATOR_API],
     ),
     Case(
         "pin_memory_device_deprecated",
         lambda m: first_batch(m, pin_memory=True, pin_memory_device="cuda"),
         UserWarning,
         ("pin_memory_device is deprecated, the current accelerator will be used as the device",),
+        marks=[ACCELERATOR_API],
     ),
 ]
 
@@ -547,7 +560,7 @@ WORKER_FAILURES = [
             warns_then_raises(unpicklable_dataset(context)),
             UserWarning,
             ("Got pickle error when attempting to start a worker Process",),
-            marks=[WORKERS],
+            marks=[WORKERS, needs_torch("2.13", "this warning")],
         )
         for context in ("spawn", "forkserver")
     ),
@@ -646,6 +659,7 @@ def _warned(build: Any, epochs: int) -> list[str]:
 
 
 @NO_ACCELERATOR
+@ACCELERATOR_API
 def test_pinning_warnings_come_with_each_new_iterator_in_torchs_order() -> None:
     import ferry
 

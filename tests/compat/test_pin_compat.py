@@ -19,6 +19,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
 from _support.compare import HYPOTHESIS, assert_same, stable_id
 from _support.strategies import CONTAINERS, Pair, Record, build_container
+from _support.torch_versions import needs_torch
 from ferry._engine.transport.pin import pin_batch
 
 pytestmark = pytest.mark.usefixtures("guard_global_state")
@@ -67,6 +68,7 @@ def _structures() -> st.SearchStrategy[Any]:
     return st.recursive(leaves, extend, max_leaves=8)
 
 
+@needs_torch("2.13", "the batches pinning rebuilds")
 @HYPOTHESIS
 @given(batch=_structures())
 @pytest.mark.slow
@@ -76,6 +78,7 @@ def test_pinning_rebuilds_batches_like_torch(batch: Any) -> None:
     assert_same(expected, got)
 
 
+@needs_torch("2.13", "the batches pinning rebuilds")
 @pytest.mark.parametrize(
     "batch",
     [

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
+from _support.torch_versions import needs_torch
 from ferry._core import ranks
 from ferry._core.info import WorkerInfo, set_thread_worker_info
 from ferry._sampler_keys import index_batches, index_chunks
@@ -259,6 +260,7 @@ def test_dataset_whose_length_changed() -> None:
         list(sampler)
 
 
+@needs_torch("2.5", "this message")
 @pytest.mark.parametrize(
     "kwargs", [{}, {"num_replicas": 2}, {"rank": 0}], ids=["neither", "no-rank", "no-world"]
 )

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import torch
 
+import ferry
 from _support.ranks import PYTHON, run_ranks
 from ecosystem._lightning_programs import (
     BATCH,
@@ -310,3 +311,23 @@ def test_ddp_two_cpu_ranks(ddp, impl: str) -> None:
         for got, want in zip(per_rank, _ddp_result(ddp, "torch"), strict=True):
             _assert_same_run(got, want)
             assert got["loaders"] == want["loaders"]
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_rebuilt_from_its_attributes_keeps_ferrys_options() -> None:
+    """Lightning injects samplers by calling the loader's class with its __init__ arguments,
+    read back from the instance's attributes (lightning.pytorch.utilities.data)."""
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    data = ferry.TensorDataset(torch.arange(10.0))
+    loader = ferry.DataLoader(data, batch_size=4, num_workers=2, worker_type="thread")
+    sampler = ferry.DistributedSampler(data, num_replicas=2, rank=1, shuffle=False)
+    rebuilt = _update_dataloader(loader, sampler)
+    assert type(rebuilt) is ferry.DataLoader
+    assert rebuilt.worker_type == "thread"
+    # The loader's batch sampler is a record of torch's exact class, so Lightning takes its
+    # standard path: the new sampler replaces the loader's, batch_size is kept.
+    assert rebuilt.sampler is sampler
+    assert rebuilt.batch_size == 4
+    assert rebuilt.batch_sampler.sampler is sampler
+    assert [b[0].tolist() for b in rebuilt] == [[1.0, 3.0, 5.0, 7.0], [9.0]]

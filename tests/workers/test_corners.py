@@ -27,6 +27,7 @@ import torch.utils.data as tud
 import ferry
 from _support import datasets as ds
 from _support.processes import Kind, descendants, ferry_threads, open_fds, reaped
+from _support.torch_versions import needs_torch
 from ferry._engine.crew.group import WorkerHandle
 from ferry.errors import WorkerDied
 from workers import corner_datasets as cd
@@ -314,8 +315,15 @@ def yielded_counts(module: Any, **options: Any) -> list[int]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "options",
-    [{}, {"num_workers": 2, "persistent_workers": True}, {"num_workers": 2, "in_order": False}],
-    ids=["inline", "persistent", "out-of-order"],
+    [
+        pytest.param({}, id="inline"),
+        pytest.param({"num_workers": 2, "persistent_workers": True}, id="persistent"),
+        pytest.param(
+            {"num_workers": 2, "in_order": False},
+            id="out-of-order",
+            marks=[needs_torch("2.9", "DataLoader(in_order=)")],
+        ),
+    ],
 )
 def test_num_yielded_counts_like_torch(options: dict[str, Any]) -> None:
     expected = yielded_counts(tud, **options, **(TORCH_FORK if options else {}))

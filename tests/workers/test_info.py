@@ -21,6 +21,7 @@ import ferry
 from _support import datasets as ds
 from _support.numpy_run import HAS_NUMPY, needs_numpy
 from _support.processes import FAST, PROCESSES, Kind, worker_pids
+from _support.torch_versions import needs_torch
 from ferry._core import rng
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -94,6 +95,7 @@ class _Method(tud.Dataset):  # type: ignore[type-arg]
         return (info.rng, info.worker_method)
 
 
+@needs_torch("2.13", "WorkerInfo.rng and WorkerInfo.worker_method")
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", FAST, indirect=True)
 def test_worker_info_has_torchs_newer_fields(kind: Kind) -> None:

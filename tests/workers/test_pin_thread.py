@@ -40,6 +40,7 @@ from _support import datasets as ds
 from _support.compare import assert_same
 from _support.processes import FAST, Kind, ferry_threads, poll
 from _support.resume import assert_resumes_exactly
+from _support.torch_versions import needs_torch
 from ferry._engine.transport.pin import Pinner
 
 pytestmark = pytest.mark.timeout(60)
@@ -111,8 +112,16 @@ def _loaders(kind: Kind, **options: Any) -> tuple[Any, Any]:
 @pytest.mark.parametrize("kind", FAST, indirect=True)
 @pytest.mark.parametrize(
     "options",
-    [{}, {"persistent_workers": True}, {"in_order": False}, {"shuffle": True}],
-    ids=["plain", "persistent", "out-of-order", "shuffled"],
+    [
+        pytest.param({}, id="plain"),
+        pytest.param({"persistent_workers": True}, id="persistent"),
+        pytest.param(
+            {"in_order": False},
+            id="out-of-order",
+            marks=[needs_torch("2.9", "DataLoader(in_order=)")],
+        ),
+        pytest.param({"shuffle": True}, id="shuffled"),
+    ],
 )
 def test_every_batch_is_pinned_in_the_pin_thread_and_equals_torchs(
     kind: Kind, options: dict[str, Any], fake: FakePinning
