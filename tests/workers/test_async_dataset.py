@@ -265,10 +265,31 @@ def test_the_inline_loop_stops_with_its_epoch_or_its_iterator() -> None:
     list(iterator)  # the epoch ends: its loop stops
     assert _wait_no_aio() == []
     iterator = iter(loader)
-    next(iterator)  # left mid-epoch: the loop stops when the iterator is collected (the
-    del iterator, loader  # loader keeps its last iterator's track, and so the iterator)
+    next(iterator)  # left mid-epoch: the loop stops when the iterator is collected
+    del iterator, loader
     gc.collect()
     assert _wait_no_aio() == []
+
+
+@pytest.mark.timeout(60)
+def test_an_inline_iterator_dropped_mid_epoch_stops_its_loop_at_once() -> None:
+    """The loader keeps its last iterator's track, so that ``loader.state_dict()`` answers
+    after the iterator is gone; the track holds nothing of the iterator itself, so dropping
+    the iterator frees it at once (no cyclic collection): its loop stops while the loader
+    lives, and the loader's state still resumes where it stood."""
+    loader = ferry.DataLoader(Remote(n=32), batch_size=8)
+    iterator = iter(loader)
+    next(iterator)
+    next(iterator)
+    gc.disable()
+    try:
+        del iterator
+        assert _wait_no_aio() == []
+    finally:
+        gc.enable()
+    resumed = ferry.DataLoader(Remote(n=32), batch_size=8)
+    resumed.load_state_dict(loader.state_dict())
+    assert [b[0].tolist() for b in resumed] == [b[0].tolist() for b in list(loader)[2:]]
 
 
 @pytest.mark.timeout(60)

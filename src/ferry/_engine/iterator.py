@@ -401,6 +401,22 @@ class LoaderIterator(TorchLoaderIterator):
         )
 
 
+class _LiveReader:
+    """The main process's position as it stands (``num_workers=0``), read from the epoch's
+    keeper and fetcher. The loader keeps its last iterator's track, so a bound method of the
+    iterator there would keep the iterator itself, its stream and its event loop, after the
+    user dropped it, until the cyclic collector ran; this holds neither."""
+
+    __slots__ = ("fetcher", "keeper")
+
+    def __init__(self, keeper: PositionKeeper, fetcher: MapFetcher | IterableFetcher) -> None:
+        self.keeper = keeper
+        self.fetcher = fetcher
+
+    def __call__(self) -> WorkerCursor:
+        return self.keeper.live(self.fetcher)
+
+
 class InlineIterator(LoaderIterator):
     """``num_workers=0``: every batch is fetched in the caller's thread."""
 
@@ -435,10 +451,8 @@ class InlineIterator(LoaderIterator):
         self._fetcher: MapFetcher | IterableFetcher = self._keeper.open(self._make_fetcher, first)
         # The main process's position is read when the state is asked for, user states
         # included, as torchdata's loader does without workers: no report per batch.
+        self._live = _LiveReader(self._keeper, self._fetcher)
         self._track.read_live(self._live)
-
-    def _live(self) -> WorkerCursor:
-        return self._keeper.live(self._fetcher)
 
     def _at_save_point(self, start: Cursor) -> None:
         # A map-style dataset's own state is restored where the interrupted run took it: after
@@ -467,7 +481,9 @@ class InlineIterator(LoaderIterator):
             )
         self._plan = plan
         self._open_epoch(self._track.next_epoch())
-        self._fetcher = self._keeper.open(self._make_fetcher, self.worker_resume(0))
+        self._fetcher = self._live.fetcher = self._keeper.open(
+            self._make_fetcher, self.worker_resume(0)
+        )
 
     def _make_fetcher(self) -> MapFetcher | IterableFetcher:
         plan = self._plan
