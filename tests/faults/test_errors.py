@@ -367,7 +367,9 @@ def test_dataset_that_cannot_be_loaded_in_the_worker() -> None:
 @pytest.mark.timeout(60)
 def test_batch_that_cannot_be_sent_back() -> None:
     """A batch holding a lambda cannot travel from a worker process (torch hangs here: its
-    queue drops what it cannot pickle): an error naming the worker and the indices."""
+    queue drops what it cannot pickle): an error naming the worker, the indices, and that
+    sending the batch failed (Python 3.13's pickle error, "Can't get local object", does
+    not say so itself)."""
     loader = ferry.DataLoader(
         ds.SendsLambda(4),
         batch_size=2,
@@ -382,8 +384,8 @@ def test_batch_that_cannot_be_sent_back() -> None:
         caught.value,
         worker=0,
         pid=worker_pids(iterator)[0],
-        what="indices [0, 1]",
-        traceback=("pickle",),
+        what="while sending its batch of indices [0, 1] to the main process",
+        traceback=("encode_batch", "local object"),
     )
 
 

@@ -433,6 +433,8 @@ class WorkerIterator(LoaderIterator):
                 if message.stage:  # its set-up raised: the loader cannot go on without it
                     what = f"while starting ({message.stage}), so it could not fetch {what}"
                     task.fatal = True
+                elif message.sending:  # (pickling the batch, or its shared memory)
+                    what = f"while sending its batch of {what} to the main process"
                 else:
                     what = "while fetching " + what
                 task.error = self._incidents.worker_exception(message, what)

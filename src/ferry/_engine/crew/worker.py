@@ -215,7 +215,9 @@ class Activity:
         return Stack(worker_id, self.task, self.since, text)
 
 
-def failure(task: int | None, worker_id: int, exc: BaseException, stage: str = "") -> Failed:
+def failure(
+    task: int | None, worker_id: int, exc: BaseException, stage: str = "", sending: bool = False
+) -> Failed:
     """Describe an exception raised by user code so the main process can raise it again."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     blob: bytes | None = None
@@ -229,7 +231,7 @@ def failure(task: int | None, worker_id: int, exc: BaseException, stage: str = "
         except Exception:
             blob = None
     name = f"{type(exc).__module__}.{type(exc).__qualname__}"
-    return Failed(task, worker_id, os.getpid(), name, str(exc), text, blob, stage)
+    return Failed(task, worker_id, os.getpid(), name, str(exc), text, blob, stage, sending)
 
 
 class WorkerEnd:
@@ -385,6 +387,7 @@ def run_worker_loop(
             continue
         end.begin(message.freed)
         activity.since, activity.task = time.monotonic(), message.task
+        sending = False
         try:
             key = IndexTensor.unpack(message.key)
             made = make_batch(fetcher, key, end.allocator, config.skip)
@@ -393,6 +396,7 @@ def run_worker_loop(
                 end.abandon()
                 send(Done(message.task, None, (), report, made.timing(), made.outcome, empty=True))
                 continue
+            sending = True
             packed = end.pack(message.task, made, report)
         except Exception as exc:
             end.abandon()
@@ -401,7 +405,7 @@ def run_worker_loop(
             else:
                 # A map-style __getitem__ raising StopIteration travels like any error: raised
                 # again in the main process, it ends the epoch there, as in torch.
-                send(failure(message.task, config.worker_id, exc))
+                send(failure(message.task, config.worker_id, exc, sending=sending))
             continue
         finally:
             activity.task = None

@@ -210,7 +210,9 @@ class Failed:
     """User code raised in a worker.
 
     ``task`` is None when the failure happened before any task; ``stage`` then says where
-    (in ``worker_init_fn``, or opening the dataset's stream). ``exception`` is the pickled
+    (in ``worker_init_fn``, or opening the dataset's stream). ``sending``: the task's batch was
+    made, and sending it to the main process raised (pickling it, or writing it to shared
+    memory). ``exception`` is the pickled
     exception, or None if it could not be pickled; then ``type_name`` and ``message`` describe
     it.
     """
@@ -223,3 +225,4 @@ class Failed:
     traceback: str
     exception: bytes | None = field(default=None, repr=False)
     stage: str = ""
+    sending: bool = False
