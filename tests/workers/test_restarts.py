@@ -452,8 +452,10 @@ def test_restart_warning_says_who_died_how_and_what_replaced_it(tmp_path: Path) 
         got = run(iterator)  # (the line the warning points at)
     assert indices_of(got) == [[2 * i, 2 * i + 1] for i in range(8)]
     assert issubclass(WorkerRestartWarning, UserWarning)
-    assert len(caught) == 1
-    message = str(caught[0].message)
+    # (Python >= 3.12 also warns, DeprecationWarning, at a fork while other threads run)
+    restarts = [w for w in caught if issubclass(w.category, WorkerRestartWarning)]
+    assert len(restarts) == 1
+    message = str(restarts[0].message)
     new = worker_pids(iterator)
     assert message.startswith(f"DataLoader worker (pid(s) {old[0]}) exited unexpectedly")
     assert f"worker 0 (pid {old[0]}) was killed by signal SIGKILL" in message
@@ -461,7 +463,7 @@ def test_restart_warning_says_who_died_how_and_what_replaced_it(tmp_path: Path) 
     assert f"replaced by a new worker process (pid {new[0]}; restart 1 of " in message
     assert "max_worker_restarts=2" in message
     assert re.search(r"fetches its \d+ unfinished batches again", message), message
-    assert caught[0].filename == __file__
+    assert restarts[0].filename == __file__
 
 
 @pytest.mark.timeout(60)
