@@ -4,6 +4,8 @@ process, and they can run next to process workers."""
 from __future__ import annotations
 
 import os
+import queue
+import threading
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ import torch
 import ferry
 from _support import datasets as ds
 from _support.processes import ferry_threads
+from ferry._engine.crew.channels import take
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -71,3 +74,29 @@ def test_thread_and_process_loaders_side_by_side() -> None:
 def test_many_thread_workers() -> None:
     loader = ferry.DataLoader(ds.Indices(100), batch_size=3, num_workers=8, worker_type="thread")
     assert [v for b in loader for v in b.tolist()] == list(range(100))
+
+
+@pytest.mark.timeout(60)
+def test_the_main_process_polls_thread_workers_without_hanging_on_python_3_10() -> None:
+    """The loop the main process runs on its thread workers' outbox: a message taken, then a
+    look with no wait. Python 3.10's ``SimpleQueue.get(timeout=0)`` hangs there within tens of
+    thousands of rounds (the lock a put() leaves released; see ``channels.take``); ``take``
+    must always come back. Run in a thread, so that a hang fails here and not the suite."""
+    box: queue.SimpleQueue[int] = queue.SimpleQueue()
+    rounds = 200_000
+    done: list[int] = []
+
+    def poll() -> None:
+        for _ in range(rounds):
+            box.put(1)
+            assert take(box, 0.0) == 1
+            assert take(box, 0.0) is None
+        assert take(box, 0.001) is None  # (a timed wait on an empty queue ends too)
+        box.put(2)
+        assert take(box, 10.0) == 2
+        done.append(rounds)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert done == [rounds], "take() hung"

@@ -60,6 +60,26 @@ WorkerMessage = Ready | Done | Exhausted | Failed | Stack | FirstLook
 H = TypeVar("H", bound=WorkerHandle)
 
 
+def take(box: queue.SimpleQueue[Any], wait_for: float) -> Any:
+    """The next item of ``box`` within ``wait_for`` seconds (0: one already there), or None.
+
+    ``get_nowait()`` first, always: on Python 3.10, ``SimpleQueue.get(timeout=...)`` can block
+    for ever. A ``put()`` leaves the queue's lock released, and a ``get()`` that finds the item
+    does not take the lock back; the next ``get(timeout=0)`` then acquires the free lock, finds
+    the queue empty, and waits again with what is left of its timeout, which is negative once a
+    microsecond has passed: no limit (a thread loop hung within 50,000 rounds; Python 3.11
+    clamps it). ``get_nowait()`` leaves the lock held, as a timed wait needs it."""
+    try:
+        return box.get_nowait()
+    except queue.Empty:
+        if wait_for <= 0:
+            return None
+    try:
+        return box.get(timeout=wait_for)
+    except queue.Empty:
+        return None
+
+
 class WorkerGone(Exception):
     """A worker's process or thread ended without being asked to (its pipe closed, it died)."""
 
@@ -286,13 +306,11 @@ class ThreadChannel(Channel[ThreadHandle]):
     def receive(
         self, wait_for: float, in_flight: Sequence[int]
     ) -> tuple[int, WorkerMessage] | None:
-        try:
-            got: tuple[int, WorkerMessage] = self._outbox.get(timeout=wait_for)
-        except queue.Empty:
+        got: tuple[int, WorkerMessage] | None = take(self._outbox, wait_for)
+        if got is None:
             for worker in self.workers:
                 if not worker.thread.is_alive() and in_flight[worker.worker_id]:
                     raise WorkerGone(worker) from None
-            return None
         return got
 
     def batch(self, worker_id: int, done: Done) -> Any:
