@@ -360,7 +360,14 @@ def _calls_into_torch_data(workload: Any, records: bool = False) -> list[str]:
         if event == "call" and frame.f_code.co_filename.startswith(TORCH_DATA_DIR):
             if records and on_a_record(frame):
                 return
-            seen.append(f"{frame.f_code.co_qualname} ({frame.f_code.co_filename})")
+            code = frame.f_code
+            name = getattr(code, "co_qualname", None)
+            if name is None:  # (Python 3.10: the class from the frame's self)
+                owner = frame.f_locals.get("self")
+                name = (
+                    f"{type(owner).__name__}.{code.co_name}" if owner is not None else code.co_name
+                )
+            seen.append(f"{name} ({code.co_filename})")
 
     threading.setprofile(profile)
     sys.setprofile(profile)
