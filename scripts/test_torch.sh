@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
-# The test suite on another torch release: ferry accepts torch 2.1 and later (pyproject.toml),
-# and CI runs only the development pin, 2.13.0.
+# The test suite on another torch release, or another Python: ferry accepts torch 2.1 and later
+# and Python 3.10 and later (pyproject.toml); CI runs only torch 2.13.0 on Python 3.11.
 #
 #   scripts/test_torch.sh VERSION [PYTEST ARGS...]      e.g. scripts/test_torch.sh 2.5.1
+#   PYTHON=python3.13 scripts/test_torch.sh 2.13.0
 #
-# Builds .venv-torch-VERSION (once) with that torch, the test tools and ferry (editable), then
-# runs the suite there, two files at a time as `make test` does. tests/ecosystem is left out:
+# Builds .venv-torch-VERSION-pyX.Y (once) with that torch, the test tools and ferry (editable),
+# then runs the suite there, two files at a time as `make test` does. tests/ecosystem is left out:
 # Lightning, accelerate and transformers pin torch releases of their own. Tests whose oracle is
 # a torch behaviour the release lacks skip, each with its reason
 # (tests/_support/torch_versions.py); everything else must pass.
 #
-# Cost: from PyPI, any torch but the development pin is a CUDA build, 4 to 5 GB in the venv with
-# its NVIDIA libraries (about 2 minutes to install at 60 MB/s); the suite takes 5 minutes on
-# 2 cores. Environment: PYTHON (default python3).
+# Cost: from PyPI, torch is a CUDA build (the development pin's CPU build lies on these machines
+# for Python 3.11 only), 4 to 5 GB in the venv with its NVIDIA libraries (about 2 minutes to
+# install at 60 MB/s); the suite takes 5 minutes on 2 cores. Environment: PYTHON (default python3).
 set -eu
 
 version="${1:?usage: scripts/test_torch.sh VERSION [PYTEST ARGS...]}"
 shift
 cd "$(dirname "$0")/.."
-venv=".venv-torch-$version"
 python="${PYTHON:-python3}"
+venv=".venv-torch-$version-py$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 
 if [ ! -e "$venv/.installed" ]; then
     rm -rf "$venv"
