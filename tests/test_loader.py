@@ -55,7 +55,7 @@ def _cpus() -> int:
 # -- signature -----------------------------------------------------------------------------------
 
 
-@needs_torch("2.9", "DataLoader(in_order=)")
+@needs_torch("2.6", "DataLoader(in_order=)")
 def test_signature_is_torchs_plus_keyword_only_extensions() -> None:
     expected = _params(tud.DataLoader)
     got = _params(ferry.DataLoader)
@@ -74,7 +74,7 @@ def test_signature_is_torchs_plus_keyword_only_extensions() -> None:
     ]
 
 
-@needs_torch("2.9", "DataLoader(in_order=)")
+@needs_torch("2.6", "DataLoader(in_order=)")
 def test_defaults_are_torchs() -> None:
     expected, got = tud.DataLoader(range(3)), ferry.DataLoader(range(3))
     for attr in (
@@ -119,7 +119,7 @@ def test_positional_arguments_land_where_torchs_do() -> None:
         assert loader.generator is generator
 
 
-@needs_torch("2.9", "DataLoader(in_order=)")
+@needs_torch("2.6", "DataLoader(in_order=)")
 def test_loader_attributes_match_torch() -> None:
     def build(m: Any) -> Any:
         return m.DataLoader(
@@ -264,7 +264,7 @@ def test_worker_type_is_validated() -> None:
         {"shuffle": 1},
         {"shuffle": None, "sampler": [2, 0]},
         {"pin_memory_device": "cpu"},
-        pytest.param({"in_order": False}, marks=[needs_torch("2.9", "DataLoader(in_order=)")]),
+        pytest.param({"in_order": False}, marks=[needs_torch("2.6", "DataLoader(in_order=)")]),
         *(
             []
             if np is None

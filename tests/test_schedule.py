@@ -299,7 +299,7 @@ class _Queue:
         pass
 
 
-@needs_torch("2.9", "DataLoader(in_order=)")
+@needs_torch("2.9", "the dispatch of DataLoader(in_order=False)")
 @HYPOTHESIS
 @given(
     workers=st.integers(1, 5),

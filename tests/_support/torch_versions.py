@@ -8,8 +8,8 @@ API that did not exist yet. Each is marked :func:`needs_torch`: on an older torc
 with a reason the skip guard accepts (``tests/conftest.py``); everything else runs there too.
 
 ``version`` is the oldest release the suite was run on that has the behaviour: the suite ran
-on 2.1.2, 2.5.1, 2.9.1 and 2.13.0 (``scripts/test_torch.sh VERSION``; the releases in between
-were not tried, so a behaviour marked 2.13 may have come in 2.10 to 2.12).
+on 2.1.2, 2.5.1, 2.6.0, 2.9.1 and 2.13.0 (``scripts/test_torch.sh VERSION``; the releases in
+between were not tried, so a behaviour marked 2.13 may have come in 2.10 to 2.12).
 """
 
 from __future__ import annotations

@@ -321,7 +321,7 @@ def yielded_counts(module: Any, **options: Any) -> list[int]:
         pytest.param(
             {"num_workers": 2, "in_order": False},
             id="out-of-order",
-            marks=[needs_torch("2.9", "DataLoader(in_order=)")],
+            marks=[needs_torch("2.6", "DataLoader(in_order=)")],
         ),
     ],
 )

@@ -118,7 +118,7 @@ def _loaders(kind: Kind, **options: Any) -> tuple[Any, Any]:
         pytest.param(
             {"in_order": False},
             id="out-of-order",
-            marks=[needs_torch("2.9", "DataLoader(in_order=)")],
+            marks=[needs_torch("2.6", "DataLoader(in_order=)")],
         ),
         pytest.param({"shuffle": True}, id="shuffled"),
     ],
