@@ -343,7 +343,7 @@ class SampleReads:
                     for future in first.rest[0]:
                         future.cancel()
             raise
-        took = (self._clock() - began[0], self._busy(thread) - began[1]) if began[1] >= 0 else None
+        took = (wall, self._busy(thread) - began[1]) if began[1] >= 0 else None  # (one read)
         with first.lock:
             first.over = True
             first.took = took
