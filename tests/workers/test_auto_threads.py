@@ -23,7 +23,7 @@ import ferry
 from _support.resume import assert_resumes_exactly
 from ferry._engine.tuning.switch import WaitJudge
 from ferry._engine.work.reads import PARALLEL_FROM, SampleReads
-from workers.test_sample_reads import Waiting, _wait_no_reads
+from workers.test_sample_reads import OpensAtFirstRead, Waiting, _wait_no_reads
 
 
 class Busy(tud.Dataset[int]):
@@ -107,6 +107,22 @@ def test_cpu_bound_and_stateful_datasets_stay_in_processes(dataset: Any) -> None
     assert [x for b in loader for x in b.tolist()] == list(range(len(dataset)))
     assert loader.stats().engine == "process"
     assert loader.worker_type == "process"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("work", [0.0002, 0.002])
+def test_a_dataset_that_opens_its_file_at_the_first_read_stays_in_processes(work: float) -> None:
+    """Each process worker's first read opens the file (20 ms of waiting), and the reads its
+    watcher then began at once found it still closed and opened it too: that batch waited,
+    but only for what a first read does. The reads compute; process workers stay (threads
+    would run them on one CPU: half the speed on two, a fifteenth on sixteen)."""
+    data = OpensAtFirstRead(n=512, work=work)
+    loader = ferry.DataLoader(
+        data, batch_size=32, num_workers="auto", multiprocessing_context="fork"
+    )
+    assert [x for b in loader for x in b.tolist()] == list(range(512))
+    stats = loader.stats()
+    assert stats.engine == "process", stats.tuning
 
 
 @pytest.mark.timeout(90)

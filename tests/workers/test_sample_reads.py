@@ -155,6 +155,158 @@ def test_collect_gives_each_failure_in_its_place() -> None:
     ]  # fmt: skip
 
 
+# -- reads at once: what their times say ---------------------------------------------------------
+
+
+def _first_read(again: bool) -> Any:
+    """A watched read, as the verdict sees it (``again``: not the loader's first)."""
+    return reads_module._FirstRead(threading.current_thread(), again=again)
+
+
+def test_reads_at_once_that_waited_for_one_another_compute() -> None:
+    """32 reads of 1 ms of CPU at once, most run whole, some waited for the others (the GIL):
+    15x their CPU summed, but the median read took its CPU time. A process worker's reads
+    (``alone``: num_workers="auto" judges them) compute: width 1 at once, whatever the
+    averages said before (a first read that opened a file)."""
+    reads = SampleReads(alone=True)
+    reads._measured(0.020, 0.0002)  # (the first read: 100x)
+    measured = [(0.001, 0.001, 0.001)] * 20 + [(0.040, 0.001, 0.001)] * 12
+    assert sum(t[0] for t in measured) >= PARALLEL_FROM * 0.032  # (the sum says: they wait)
+    wall, cpu, count = reads._verdict(measured, span=0.035, probe=None)
+    assert count == 32
+    assert wall / cpu < PARALLEL_FROM
+    assert reads.width == 1
+    assert reads.ratio == pytest.approx(1.0)
+
+
+def test_a_process_workers_reads_count_a_wait_for_a_cpu_as_computing() -> None:
+    """Reads on a machine with more runnable threads than CPUs: 9 ms of their 10 spent ready
+    to run, 1 ms on a CPU. The judge's (a process worker's) say they compute; thread workers'
+    keep their width (a short sleep overlaps whatever the CPUs do)."""
+    measured = [(0.010, 0.009, 0.001)] * 32
+    judged = SampleReads(alone=True)
+    wall, busy, _ = judged._verdict(measured, span=0.1, probe=None)
+    assert wall / busy < PARALLEL_FROM
+    assert judged.width == 1
+    shared = SampleReads()
+    shared._verdict(measured, span=0.1, probe=None)
+    assert shared.width == 10
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_reads_at_once_that_waited_with_the_cpu_idle_wait(alone: bool) -> None:
+    reads = SampleReads(alone=alone)
+    measured = [(0.050, 0.0005, 0.0005)] * 32  # 100x, and 16 ms of CPU in a 200 ms batch
+    assert reads._verdict(measured, span=0.2, probe=None) == pytest.approx((1.6, 0.016, 32))
+    assert reads.width == 64
+
+
+def test_reads_at_once_that_waited_but_kept_the_cpu_busy_cannot_tell() -> None:
+    """10x their CPU each, and their CPU fills the batch's span: the GIL or the CPUs could
+    explain the wait. No evidence. A process worker's reads (``alone``: num_workers="auto"
+    judges them) read the next batch's first read alone again, and reads that such a probe,
+    having waited, began say that they wait; not those the loader's first read began (it may
+    have opened a file). Thread workers' reads keep the width their times give."""
+    shared = SampleReads()
+    measured = [(0.020, 0.002, 0.002)] * 32  # 64 ms of CPU in 60 ms
+    assert shared._verdict(measured, span=0.06, probe=None) == pytest.approx((0.64, 0.064, 32))
+    assert shared.width == 10
+    reads = SampleReads(alone=True)
+    reads._measured(0.020, 0.002)
+    assert reads._verdict(measured, span=0.06, probe=None) is reads_module.UNCLEAR
+    assert (reads.wall, reads.width) == (None, 1)
+    reads._measured(0.020, 0.002)
+    assert reads._verdict(measured, span=0.06, probe=_first_read(again=False)) is (
+        reads_module.UNCLEAR
+    )
+    assert (reads.wall, reads.width) == (None, 1)
+    assert reads._verdict(measured, span=0.06, probe=_first_read(again=True)) == pytest.approx(
+        (0.64, 0.064, 32)
+    )
+    assert reads.width == 10
+
+
+class OpensAtFirstRead(tud.Dataset[int]):
+    """The common pattern: a file (HDF5, LMDB) opened at the first read of each process, by
+    whichever read finds it closed, then ``work`` seconds of Python per sample."""
+
+    def __init__(self, n: int = 256, work: float = 0.001) -> None:
+        self.n, self.work = n, work
+        self.handle: object | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if self.handle is None:
+            time.sleep(0.02)
+            self.handle = object()
+        end = time.thread_time() + self.work
+        while time.thread_time() < end:
+            pass
+        return index
+
+
+class Started(OpensAtFirstRead):
+    """OpensAtFirstRead that notes when each read began and whether the file was open."""
+
+    def __init__(self, n: int = 256, work: float = 0.001) -> None:
+        super().__init__(n, work)
+        self.began: list[tuple[int, bool]] = []
+
+    def __getitem__(self, index: int) -> int:
+        self.began.append((index, self.handle is not None))
+        return super().__getitem__(index)
+
+
+@pytest.mark.timeout(30)
+def test_a_process_workers_first_read_that_opens_a_file_leaves_computing_reads_alone() -> None:
+    """The first read waits (it opens the file), so the rest of its batch is read at once. A
+    process worker's reads (``alone``) begin them once the first read ended: the file is open
+    for them, they compute, and the batch says so. From the next batch on, one at a time."""
+    reads = SampleReads(alone=True)
+    dataset = Started()
+    try:
+        assert reads.read(dataset, list(range(32))) == list(range(32))
+        assert reads.peak_width > 1  # (begun at once: the first read waited)
+        assert all(opened for index, opened in dataset.began if index > 0)
+        said = reads.last_parallel()
+        assert said is not None
+        assert said is not reads_module.UNCLEAR
+        assert said[0] < PARALLEL_FROM * said[1]
+        assert reads.read(dataset, list(range(32, 64))) == list(range(32, 64))
+        assert reads.width == 1
+        assert reads.read(dataset, list(range(64, 96))) == list(range(64, 96))
+        assert reads.last_parallel() is None  # (on the caller's thread)
+    finally:
+        reads.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_process_workers_reads_that_wait_begin_the_rest_once_the_first_read_ended() -> None:
+    events: list[tuple[str, int]] = []
+
+    class Logged(Waiting):
+        def __getitem__(self, index: int) -> int:
+            events.append(("begins", index))
+            try:
+                return super().__getitem__(index)
+            finally:
+                events.append(("ends", index))
+
+    reads = SampleReads(alone=True)
+    data = Logged(n=16, latency=0.01)
+    try:
+        assert reads.read(data, list(range(16))) == list(range(16))
+        assert events[:2] == [("begins", 0), ("ends", 0)]  # the first alone
+        assert data.most > 1  # then the others at once
+        said = reads.last_parallel()
+        assert said is not None
+        assert said[0] >= PARALLEL_FROM * said[1]  # they wait: evidence from the first batch
+    finally:
+        reads.close()
+
+
 # -- the first read, watched while it runs --------------------------------------------------------
 
 

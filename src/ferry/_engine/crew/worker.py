@@ -165,7 +165,7 @@ def _own_reads(limit: int) -> SampleReads | None:
     if not limit:
         return None
     if not _PROCESS_READS:
-        reads = SampleReads(limit, detached=True)
+        reads = SampleReads(limit, detached=True, alone=True)
         reads.warm()
         _PROCESS_READS.append(reads)
     return _PROCESS_READS[0]

@@ -6,9 +6,11 @@ Two reasons, either enough:
 
 * **Their reads wait.** The first batch of each worker is judged (:class:`WaitJudge`): its wall
   seconds against the CPU seconds its thread used; or, for a batch whose reads ran at once (a
-  process worker's own per-sample reads), its reads' wall seconds against their CPU seconds.
-  At :data:`~ferry._engine.work.reads.PARALLEL_FROM` times or more, thread workers reading a
-  batch's samples at once do better (docs/design/io.md).
+  process worker's own per-sample reads), what its reads' times say
+  (:meth:`~ferry._engine.work.reads.SampleReads._verdict`; never the batch a worker's first
+  read began at once, whose reads may all have waited on what a first read does, such as
+  opening a file). At :data:`~ferry._engine.work.reads.PARALLEL_FROM` times or more, thread
+  workers reading a batch's samples at once do better (docs/design/io.md).
 * **Their memory grows past what the system has**: copy-on-write of the dataset's Python
   objects, projected to the end of the epoch (:func:`ferry._core.memory.growth_verdict`;
   docs/design/memory.md).
@@ -169,9 +171,9 @@ class HeldWorkers:
     """The workers after the first of an auto loader's process workers, not started yet: they
     start as soon as the first worker's first read is seen not to wait (it computes: they are
     needed now), at :data:`HOLD_FOR` with no word of it, or once the first batch was handed
-    out (its reads waited: the loader may become threads at that batch, see
-    :class:`ThreadSwitch`, and then they are never started). Tasks wait for them: batch ``i``
-    still goes to worker ``i % num_workers``, as in torch."""
+    out (its reads waited; the loader may become threads at a later batch, see
+    :class:`ThreadSwitch`). Tasks wait for them: batch ``i`` still goes to worker
+    ``i % num_workers``, as in torch."""
 
     def __init__(self) -> None:
         self.configs: list[WorkerConfig] = []

@@ -7,8 +7,12 @@ loader's concurrency is the number of batches in flight, and the first batch arr
 threads shared by every worker thread of a loader, when measurement says they wait:
 
 * Each read is timed twice: wall time and the CPU time of the thread that ran it
-  (``time.thread_time``). Their ratio is how many reads one core could keep in flight: about 1
-  for work that holds the GIL (decoding in Python), hundreds for a read that sleeps on I/O.
+  (``time.thread_time``; on the pool, plus the time it waited for a CPU). Their ratio is how
+  many reads one core could keep in flight: about 1 for work that holds the GIL (decoding in
+  Python), hundreds for a read that sleeps on I/O. A process worker's reads at once, which
+  ``num_workers="auto"`` judges, are judged by their median read and by how busy they kept the
+  CPU, not by their sum: reads that compute wait for one another (the GIL), which their summed
+  times would count as waiting (:meth:`SampleReads._verdict`).
 * ``width``, how many samples of one batch are read at once, follows that ratio: 1 (one after
   another, as torch does, and with no pool) until the reads are measured to wait at least
   :data:`PARALLEL_FROM` times their CPU, then ``ceil(ratio)``, at most the batch and the pool.
@@ -52,6 +56,8 @@ __all__ = [
     "PARALLEL_FROM",
     "PEEK",
     "POOL_LIMIT",
+    "SATURATED",
+    "UNCLEAR",
     "Failed",
     "SampleReads",
     "busy_of",
@@ -66,6 +72,14 @@ POOL_LIMIT = 64
 SMOOTHING = 0.3
 # The loader's first read is judged while it runs once it has taken this long (seconds).
 PEEK = 0.0005
+# Reads run at once whose CPU seconds add up to this share of their batch's wall seconds or
+# more kept the CPU (or the GIL) busy: their own waits for one another could explain their
+# wall times, so those times alone do not say that they wait (see SampleReads._verdict). A
+# quarter, not a half: on a loaded machine the GIL's holder gets a CPU a part of the time.
+SATURATED = 0.25
+UNCLEAR = (math.nan, math.nan, 0)
+"""What :meth:`SampleReads.last_parallel` gives for reads at once that could not tell whether
+they wait: not evidence either way."""
 
 _SERVING: dict[int, tuple[int, Any, FrameType]] = {}
 """The reads running on pool threads now: the pool thread's id -> (the id of the thread that
@@ -121,6 +135,39 @@ def busy_of(thread: threading.Thread | None = None) -> float:
     except (OSError, ValueError):
         return cpu
     return (cpu if cpu >= 0 else int(ran) / 1e9) + int(queued) / 1e9
+
+
+class _SchedStatFile:
+    """A thread's ``schedstat`` file, open until this object goes (with its thread's locals)."""
+
+    __slots__ = ("fd", "pid")
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
+class _OwnSchedStat(threading.local):
+    """Each thread's ``schedstat``, kept open while the thread lives (a ``pread`` of it takes
+    about 3 us, where opening it takes 20): for the reads a pool thread times, one by one."""
+
+    file: _SchedStatFile | None = None
+
+    def queued(self) -> float:
+        """Seconds this thread waited for a CPU so far (0.0 where that cannot be read)."""
+        try:
+            if self.file is None or self.file.pid != os.getpid():  # (or a forked child's copy)
+                self.file = None
+                self.file = _SchedStatFile()
+            return int(os.pread(self.file.fd, 64, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+
+_own_schedstat = _OwnSchedStat()
 
 
 class Failed:
@@ -247,21 +294,56 @@ class _Detached:
         _thread.start_new_thread(self._target, ())
 
 
-class _FirstRead:
-    """The loader's first read, as a watcher sees it: when it began (wall and busy seconds
-    of the thread reading; None: not yet), and the reads of the rest of its batch once the
-    watcher began them (``over``: the read ended, nothing more is begun; ``took``: its wall
-    and busy seconds, where they could be read)."""
+Timed = tuple[float, float, float]
+"""One read's wall seconds, busy seconds (on a CPU or waiting for one) and CPU seconds."""
 
-    def __init__(self, thread: threading.Thread) -> None:
+
+class _Clocks:
+    """The clocks reads are timed by: wall, the reading thread's CPU, a thread's busy seconds
+    as a first read's watcher reads them, and the calling thread's seconds waiting for a CPU
+    so far. Stand-in clocks (tests) give CPU seconds for busy ones and no wait."""
+
+    __slots__ = ("busy", "cpu", "queued", "wall")
+
+    def __init__(
+        self,
+        wall: Callable[[], float],
+        cpu: Callable[[], float],
+        busy: Callable[[threading.Thread], float] | None,
+    ) -> None:
+        real = cpu is thread_time
+        self.wall, self.cpu = wall, cpu
+        self.busy = busy or (busy_of if real else lambda _: cpu())
+        self.queued: Callable[[], float] = _own_schedstat.queued if real else float
+
+
+class _Launched:
+    """Reads :meth:`SampleReads._launch` began: their futures in key order, the list their
+    (wall, CPU) seconds go into as they end, and when they began (the reads' wall clock)."""
+
+    __slots__ = ("began", "futures", "times")
+
+    def __init__(self, futures: list[Future[Any]], times: list[Timed], began: float) -> None:
+        self.futures, self.times, self.began = futures, times, began
+
+
+class _FirstRead:
+    """A batch's first read, read alone (the loader's first, or a later probe: ``again``), as
+    a watcher sees it: when it began (wall and busy seconds of the thread reading; None: not
+    yet), and the reads of the rest of its batch once they were begun (``over``: the read
+    ended, nothing more is begun; ``took``: its wall and busy seconds, where they could be
+    read)."""
+
+    def __init__(self, thread: threading.Thread, again: bool) -> None:
         self.lock = threading.Lock()
         self.thread = thread
+        self.again = again
         self.began: tuple[float, float] | None = None
         self.info = thread_worker_info()  # (made on the reading thread)
         self.owner = threading.get_ident()
         self.over = False
         self.took: tuple[float, float] | None = None  # (wall, busy seconds, once it ended)
-        self.rest: tuple[list[Future[Any]], list[tuple[float, float]]] | None = None
+        self.rest: _Launched | None = None
 
 
 class SampleReads:
@@ -277,13 +359,18 @@ class SampleReads:
         measured: tuple[float, float] | None = None,
         busy: Callable[[threading.Thread], float] | None = None,
         detached: bool = False,
+        alone: bool = False,
     ) -> None:
         self.limit = limit
         self._detached = detached  # (a worker process's own: see _Pool)
-        self._clock, self._cpu_clock = clock, cpu_clock
-        # A thread's busy seconds, as the first read's watcher reads them (stand-in clocks:
-        # the CPU clock).
-        self._busy = busy or (busy_of if cpu_clock is thread_time else lambda _: cpu_clock())
+        # A process worker's own reads (num_workers="auto"), over a dataset written for one
+        # thread, and judged: the rest of a batch begins at once only once its first read has
+        # ended (a first read may be opening what the others need: a file, a handle), and
+        # after reads at once that could not tell whether they wait, the next batch's first
+        # read is a probe (see _verdict). Thread workers' reads begin the rest while the first
+        # read runs (the first batch arrives after about one read) and keep their width.
+        self._alone = alone
+        self._clocks = _Clocks(clock, cpu_clock, busy)
         self._lock = threading.Lock()
         self._pool: _Pool | None = None
         self._closed = False
@@ -293,6 +380,7 @@ class SampleReads:
         self.cpu: float | None = None
         self.width = 1
         self.peak_width = 1  # the most reads of one batch run at once (for the statistics)
+        self._probed = False  # a first read was read already (the next one is a probe)
         # Told once, from the first read's watcher, whether that read waits (True: the rest of
         # its batch was begun at once, unless it had ended) or computes (False); a read that
         # ended before the watcher could look is judged by what it took.
@@ -313,25 +401,29 @@ class SampleReads:
         epoch); else the first failing key's error is raised."""
         self._last.parallel = None
         if self.wall is None and len(keys) > 1:
-            # Nothing measured yet: the first read, watched, says whether the rest should run
-            # at once (the first batch of a loader that waits arrives after about one read).
+            # Nothing measured (yet, or since a batch that could not tell): a read, watched,
+            # says whether the rest should run at once (the first batch of a loader that waits
+            # arrives after about one read).
             return self._first(dataset, keys, collect)
         if min(self.width, len(keys)) <= 1:
             return self._serial(dataset, keys, collect)
         width = min(self.width, len(keys))
         launched = self._launch(dataset, keys, width, thread_worker_info(), threading.get_ident())
-        return self._gather(*launched, collect=collect, expect=True)
+        return self._gather(launched, collect=collect, expect=True)
 
     def _first(self, dataset: Any, keys: Sequence[Any], collect: bool) -> list[Any]:
-        """Read ``keys[0]`` here while a pool thread watches it (:meth:`_watch`): if it waits,
-        the watcher begins the rest of the batch at once; else they follow as measured."""
-        pool = self._executor()
+        """Read ``keys[0]`` here, alone. While it runs a pool thread watches it
+        (:meth:`_watch`): if it waits, the watcher begins the rest of the batch at once (not
+        for ``alone`` reads: they begin once it ended). Else they follow as it measured."""
         thread = threading.current_thread()
-        first = _FirstRead(thread)
-        pool.submit(self._watch, (first, dataset, keys[1:]))
+        with self._lock:
+            first = _FirstRead(thread, again=self._probed)
+            self._probed = True
+        if not (self._alone and first.again):  # (alone, a probe: nothing to watch it for)
+            self._executor().submit(self._watch, (first, dataset, keys[1:]))
         # (from here: the watcher's start, which may take a while on a busy machine, is not
         # part of the read it judges)
-        began = self._clock(), self._busy(thread)
+        began = self._clocks.wall(), self._clocks.busy(thread)
         with first.lock:
             first.began = began
         try:
@@ -340,29 +432,32 @@ class SampleReads:
             with first.lock:
                 first.over = True
                 if first.rest is not None:
-                    for future in first.rest[0]:
+                    for future in first.rest.futures:
                         future.cancel()
             raise
-        took = (wall, self._busy(thread) - began[1]) if began[1] >= 0 else None  # (one read)
+        took = (wall, self._clocks.busy(thread) - began[1]) if began[1] >= 0 else None
         with first.lock:
             first.over = True
             first.took = took
             rest = first.rest
-        if rest is None:  # not judged to wait (yet): the rest as the first read measures
-            self._measured(wall, cpu)
-            return head + self.read(dataset, keys[1:], collect)
-        futures, times = rest
+        if rest is None:  # not begun while it ran: the rest as it measured
+            self._measured(wall, cpu if took is None else took[1])
+            if not self._alone or min(self.width, len(keys) - 1) <= 1:
+                return head + self.read(dataset, keys[1:], collect)
+            rest = self._launch(dataset, keys[1:], len(keys), first.info, first.owner)
         if not isinstance(head[0], Failed):
             expect_batch(head[0], len(keys))  # (the batch's memory, while the rest are read)
-        return head + self._gather(futures, times, collect=collect, also=(wall, cpu))
+        also = (wall, cpu if took is None else took[1], cpu)
+        return head + self._gather(rest, collect=collect, also=also, probe=first)
 
     def _watch(self, job: tuple[_FirstRead, Any, Sequence[Any]]) -> None:
-        """On a pool thread: look at the first read now and then while it runs; once it has
-        taken PEEK seconds and PARALLEL_FROM times its busy seconds, begin the rest. What the
-        first look that could judge it saw goes to ``on_first_look``."""
+        """On a pool thread: look at a first read now and then while it runs; once it has
+        taken PEEK seconds and PARALLEL_FROM times its busy seconds, begin the rest (not for
+        ``alone`` reads). What the first look that could judge the loader's first read saw
+        goes to ``on_first_look``."""
         first, dataset, rest = job
         wall = 0.0
-        told = False
+        told = first.again  # (a later probe: the first look was told already)
         while True:
             # Often at first, then less: a read that computes for seconds is not slowed.
             time.sleep(min(max(PEEK, wall / 10), 0.05))
@@ -376,10 +471,13 @@ class SampleReads:
                     break
                 if first.began is None:
                     continue
-                wall = self._clock() - first.began[0]
-                busy = self._busy(first.thread) - first.began[1]
+                wall = self._clocks.wall() - first.began[0]
+                busy = self._clocks.busy(first.thread) - first.began[1]
                 if wall >= PEEK and wall >= PARALLEL_FROM * busy:
-                    first.rest = self._launch(dataset, rest, len(rest) + 1, first.info, first.owner)
+                    if not self._alone:
+                        first.rest = self._launch(
+                            dataset, rest, len(rest) + 1, first.info, first.owner
+                        )
                     waits = True
                     break
             if wall >= PEEK and not told:  # it computes, for now
@@ -403,7 +501,7 @@ class SampleReads:
         self, dataset: Any, keys: Sequence[Any], collect: bool
     ) -> tuple[list[Any], float, float]:
         """The reads one after another on this thread, and their mean wall and CPU seconds."""
-        clock, cpu_clock = self._clock, self._cpu_clock
+        clock, cpu_clock = self._clocks.wall, self._clocks.cpu
         start, cpu_start = clock(), cpu_clock()
         results: list[Any] = []
         for key in keys:
@@ -426,42 +524,46 @@ class SampleReads:
         at_once: int,
         info: WorkerInfo | None,
         owner: int,
-    ) -> tuple[list[Future[Any]], list[tuple[float, float]]]:
+    ) -> _Launched:
         """Begin every read of ``keys`` on the pool (at most ``limit`` run at once; ``at_once``
         reads of this batch are in flight, for the statistics), each seeing ``info`` as its
-        worker's and counted as serving thread ``owner`` (the worker that asked for them);
-        returns their futures, in key order, and the list their times go into."""
+        worker's and counted as serving thread ``owner`` (the worker that asked for them)."""
         pool = self._executor()
         self.peak_width = max(self.peak_width, min(at_once, self.limit))
-        clock, cpu_clock = self._clock, self._cpu_clock
-        times: list[tuple[float, float]] = []
+        clock, cpu_clock = self._clocks.wall, self._clocks.cpu
+        queued = self._clocks.queued if self._alone else float  # (see _verdict)
+        times: list[Timed] = []
 
         def one(key: Any) -> Any:
             set_thread_worker_info(info)
             me = threading.get_ident()
             _SERVING[me] = (owner, key, sys._getframe())
-            start, cpu_start = clock(), cpu_clock()
+            start, cpu_start, queued_start = clock(), cpu_clock(), queued()
             try:
                 return dataset[key]
             finally:
-                times.append((clock() - start, cpu_clock() - cpu_start))  # (atomic append)
+                cpu = cpu_clock() - cpu_start
+                times.append((clock() - start, cpu + queued() - queued_start, cpu))
                 del _SERVING[me]
 
-        return [pool.submit(one, key) for key in keys], times
+        began = clock()
+        return _Launched([pool.submit(one, key) for key in keys], times, began)
 
     def _gather(
         self,
-        futures: list[Future[Any]],
-        times: list[tuple[float, float]],
+        launched: _Launched,
         *,
         collect: bool,
-        also: tuple[float, float] | None = None,
+        also: Timed | None = None,
         expect: bool = False,
+        probe: _FirstRead | None = None,
     ) -> list[Any]:
         """The results of reads :meth:`_launch` began, in key order (see :meth:`read`), then
-        their mean wall and CPU seconds (with ``also``, one more read's) into the averages.
-        With ``expect``, the first result tells the collate allocator what the batch will
-        need while the others are read (:func:`~ferry._core.alloc.expect_batch`)."""
+        what they say of one read's wall and CPU seconds into the averages (:meth:`_verdict`;
+        with ``also``, one more read's, the watched ``probe`` that began them). With
+        ``expect``, the first result tells the collate allocator what the batch will need
+        while the others are read (:func:`~ferry._core.alloc.expect_batch`)."""
+        futures = launched.futures
         results: list[Any] = []
         try:
             for future in futures:
@@ -480,24 +582,73 @@ class SampleReads:
             for future in futures:
                 future.cancel()
             raise
-        measured = [*times, also] if also is not None else times
+        measured = [*launched.times, also] if also is not None else list(launched.times)
         if measured:
-            wall, cpu = sum(t[0] for t in measured), sum(t[1] for t in measured)
-            self._measured(wall / len(measured), cpu / len(measured))
-            self._last.parallel = (wall, cpu, len(measured))
+            span = self._clocks.wall() - launched.began
+            self._last.parallel = self._verdict(measured, span, probe)
         return results
+
+    def _verdict(
+        self, measured: list[Timed], span: float, probe: _FirstRead | None
+    ) -> tuple[float, float, int]:
+        """What reads run at once, ``measured``, over ``span`` wall seconds, say of one read:
+        its wall and CPU seconds into the averages, and their sums and count returned for
+        :meth:`last_parallel`, or :data:`UNCLEAR` where they are no evidence.
+
+        Thread workers' reads: their sums (a mean read). A process worker's (``alone``: the
+        judge of ``num_workers="auto"`` reads them, and a wrong "they wait" moves computing
+        work to threads, one CPU for all) are judged more carefully. Reads at once wait for
+        one another where they compute: for the GIL, or for a CPU on a machine with fewer CPUs
+        than reads. Their summed wall time then says they wait when it is their own crowd they
+        wait for (255 reads of 1 ms of Python at once: 15x their CPU, summed). So, counting the
+        time a read waited for a CPU as busy, not waiting:
+
+        * most of them took about their busy time (the median read under
+          :data:`PARALLEL_FROM` times it): they compute, and the averages start again from
+          this batch;
+        * they waited, and their CPU seconds came to less than :data:`SATURATED` of the span
+          (the CPU was mostly idle): they wait;
+        * they waited, but kept the CPU busy: they cannot tell, unless a first read that was
+          read alone and waited began them (``probe``), and it was not the loader's first
+          (which may have waited on what only a first read does: a file opened, a cache
+          filled). Else the next batch's first read is such a probe.
+
+        (A dataset whose reads mostly compute and sometimes wait, a cache that mostly hits,
+        stays in processes: reading it as torch does is the safe side.)
+        """
+        count = len(measured)
+        wall = sum(t[0] for t in measured)
+        if not self._alone:
+            cpu = sum(t[2] for t in measured)
+            self._measured(wall / count, cpu / count)
+            return wall, cpu, count
+        busy = sum(t[1] for t in measured)
+        median = sorted(t[0] / max(t[1], 1e-7) for t in measured)[count // 2]
+        if median < PARALLEL_FROM:  # they compute: one read took about the median's share
+            wall = min(wall, median * busy)
+            self._measured(wall / count, busy / count, anew=True)
+            return wall, busy, count
+        if sum(t[2] for t in measured) >= SATURATED * span and not (probe and probe.again):
+            with self._lock:
+                self.wall = self.cpu = None  # (the next batch's first read is a probe)
+                self.width = 1
+            return UNCLEAR
+        self._measured(wall / count, busy / count)
+        return wall, busy, count
 
     def last_parallel(self) -> tuple[float, float, int] | None:
         """Of this thread's last :meth:`read`, when its reads ran on the pool: their wall and
         CPU seconds, summed, and how many there were (a batch read at once takes about one
-        read's time, so its own wall time says little of how long its reads wait). None when
-        every read ran on this thread."""
+        read's time, so its own wall time says little of how long its reads wait), as
+        :meth:`_verdict` judged them; :data:`UNCLEAR` when they could not tell whether they
+        wait. None when every read ran on this thread."""
         return getattr(self._last, "parallel", None)
 
-    def _measured(self, wall: float, cpu: float) -> None:
-        """One batch's mean wall and CPU seconds per read: update the averages and the width."""
+    def _measured(self, wall: float, cpu: float, anew: bool = False) -> None:
+        """One batch's mean wall and CPU seconds per read: update the averages and the width
+        (``anew``: they replace the averages)."""
         with self._lock:
-            if self.wall is None or self.cpu is None:
+            if anew or self.wall is None or self.cpu is None:
                 self.wall, self.cpu = wall, cpu
             else:
                 self.wall += SMOOTHING * (wall - self.wall)
