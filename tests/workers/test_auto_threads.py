@@ -21,6 +21,7 @@ import torch.utils.data as tud
 
 import ferry
 from _support.resume import assert_resumes_exactly
+from ferry._engine.tuning import switch
 from ferry._engine.tuning.switch import WaitJudge
 from ferry._engine.work.reads import PARALLEL_FROM, SampleReads
 from workers.test_sample_reads import OpensAtFirstRead, Waiting, _wait_no_reads
@@ -179,9 +180,14 @@ class Logged(Waiting):
 
 
 @pytest.mark.timeout(90)
-def test_batches_the_processes_made_before_the_switch_are_not_read_again(tmp_path: Any) -> None:
+def test_batches_the_processes_made_before_the_switch_are_not_read_again(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The judge decides when each process worker's first batch has arrived: those batches are
     handed out as made, and only batches still in the stopped processes are read again."""
+    # (worker 1 starts on worker 0's word alone, however slow the machine: on a starved one
+    # the word may come after HOLD_FOR, and worker 1, started then, makes batch 1 too)
+    monkeypatch.setattr(switch, "HOLD_FOR", 30.0)
     path = str(tmp_path / "reads.log")
     loader = _auto(Logged(path, n=160))
     assert [x for b in loader for x in b.tolist()] == list(range(160))

@@ -180,17 +180,20 @@ def test_reads_at_once_that_waited_for_one_another_compute() -> None:
 
 
 def test_a_process_workers_reads_count_a_wait_for_a_cpu_as_computing() -> None:
-    """Reads on a machine with more runnable threads than CPUs: 9 ms of their 10 spent ready
-    to run, 1 ms on a CPU. The judge's (a process worker's) say they compute; thread workers'
-    keep their width (a short sleep overlaps whatever the CPUs do)."""
-    measured = [(0.010, 0.009, 0.001)] * 32
+    """Reads on a machine with more runnable threads than CPUs: 3 ms on a CPU and 11 ms
+    waiting for one. A process worker's reads count the wait up to their CPU time as busy
+    (6 ms): they compute. Thread workers' reads keep their width (ceil(14 / 3))."""
+    assert reads_module._counted(0.003, 0.011) == pytest.approx(0.006)
+    assert reads_module._counted(0.003, 0.001) == pytest.approx(0.004)
+    assert reads_module._counted(0.00005, 0.004) == pytest.approx(0.0001)  # (woke from a sleep)
+    measured = [(0.014, 0.006, 0.003)] * 32
     judged = SampleReads(alone=True)
     wall, busy, _ = judged._verdict(measured, span=0.1, probe=None)
     assert wall / busy < PARALLEL_FROM
     assert judged.width == 1
     shared = SampleReads()
     shared._verdict(measured, span=0.1, probe=None)
-    assert shared.width == 10
+    assert shared.width == 5
 
 
 @pytest.mark.parametrize("alone", [False, True])
@@ -202,28 +205,33 @@ def test_reads_at_once_that_waited_with_the_cpu_idle_wait(alone: bool) -> None:
 
 
 def test_reads_at_once_that_waited_but_kept_the_cpu_busy_cannot_tell() -> None:
-    """10x their CPU each, and their CPU fills the batch's span: the GIL or the CPUs could
-    explain the wait. No evidence. A process worker's reads (``alone``: num_workers="auto"
+    """10x their CPU each, longer than half the switch interval (the GIL is taken from them
+    midway), and their CPU fills the batch's span: the GIL or the CPUs could explain the
+    wait. No evidence. A process worker's reads (``alone``: num_workers="auto"
     judges them) read the next batch's first read alone again, and reads that such a probe,
     having waited, began say that they wait; not those the loader's first read began (it may
     have opened a file). Thread workers' reads keep the width their times give."""
     shared = SampleReads()
-    measured = [(0.020, 0.002, 0.002)] * 32  # 64 ms of CPU in 60 ms
-    assert shared._verdict(measured, span=0.06, probe=None) == pytest.approx((0.64, 0.064, 32))
-    assert shared.width == 10
+    measured = [(0.060, 0.006, 0.006)] * 32  # 192 ms of CPU in 180 ms
+    span = 0.18
+    assert shared._verdict(measured, span, probe=None) == pytest.approx((1.92, 0.192, 32))
+    assert shared.ratio == pytest.approx(10.0)
+    assert shared.width > 1
     reads = SampleReads(alone=True)
-    reads._measured(0.020, 0.002)
-    assert reads._verdict(measured, span=0.06, probe=None) is reads_module.UNCLEAR
+    reads._measured(0.060, 0.006)
+    assert reads._verdict(measured, span, probe=None) is reads_module.UNCLEAR
     assert (reads.wall, reads.width) == (None, 1)
-    reads._measured(0.020, 0.002)
-    assert reads._verdict(measured, span=0.06, probe=_first_read(again=False)) is (
-        reads_module.UNCLEAR
+    reads._measured(0.060, 0.006)
+    assert reads._verdict(measured, span, probe=_first_read(again=False)) is reads_module.UNCLEAR
+    assert (reads.wall, reads.width) == (None, 1)
+    assert reads._verdict(measured, span, probe=_first_read(again=True)) == pytest.approx(
+        (1.92, 0.192, 32)
     )
-    assert (reads.wall, reads.width) == (None, 1)
-    assert reads._verdict(measured, span=0.06, probe=_first_read(again=True)) == pytest.approx(
+    assert reads.width > 1
+    short = [(0.020, 0.002, 0.002)] * 32  # (2 ms: seldom made to give up the GIL midway)
+    assert SampleReads(alone=True)._verdict(short, 0.06, probe=None) == pytest.approx(
         (0.64, 0.064, 32)
     )
-    assert reads.width == 10
 
 
 class OpensAtFirstRead(tud.Dataset[int]):

@@ -295,7 +295,18 @@ class _Detached:
 
 
 Timed = tuple[float, float, float]
-"""One read's wall seconds, busy seconds (on a CPU or waiting for one) and CPU seconds."""
+"""One read's wall seconds, busy seconds (:func:`_counted`) and CPU seconds."""
+
+
+def _counted(cpu: float, waited: float) -> float:
+    """A read's busy seconds as a process worker's reads count them: its CPU seconds, and the
+    time it waited for a CPU up to as much again. A read that computes on a machine with
+    more runnable threads than CPUs waits for one in proportion to its CPU time (load 4 on 2
+    CPUs: about as long again), which must not pass for a read that waits; a read that sleeps
+    waits for a CPU once, as it wakes, for as long as the machine is busy, whatever its CPU
+    time, which must not hide its sleep (a 20 ms read and 50 us of CPU, on a loaded machine,
+    woke to wait for a CPU for milliseconds)."""
+    return cpu + min(max(waited, 0.0), cpu)
 
 
 class _Clocks:
@@ -441,13 +452,15 @@ class SampleReads:
             first.took = took
             rest = first.rest
         if rest is None:  # not begun while it ran: the rest as it measured
-            self._measured(wall, cpu if took is None else took[1])
+            busy = _counted(cpu, took[1] - cpu) if took is not None and self._alone else cpu
+            self._measured(wall, busy)
             if not self._alone or min(self.width, len(keys) - 1) <= 1:
                 return head + self.read(dataset, keys[1:], collect)
             rest = self._launch(dataset, keys[1:], len(keys), first.info, first.owner)
         if not isinstance(head[0], Failed):
             expect_batch(head[0], len(keys))  # (the batch's memory, while the rest are read)
-        also = (wall, cpu if took is None else took[1], cpu)
+        busy = _counted(cpu, took[1] - cpu) if took is not None and self._alone else cpu
+        also = (wall, busy, cpu)
         return head + self._gather(rest, collect=collect, also=also, probe=first)
 
     def _watch(self, job: tuple[_FirstRead, Any, Sequence[Any]]) -> None:
@@ -543,7 +556,7 @@ class SampleReads:
                 return dataset[key]
             finally:
                 cpu = cpu_clock() - cpu_start
-                times.append((clock() - start, cpu + queued() - queued_start, cpu))
+                times.append((clock() - start, _counted(cpu, queued() - queued_start), cpu))
                 del _SERVING[me]
 
         began = clock()
@@ -600,18 +613,20 @@ class SampleReads:
         work to threads, one CPU for all) are judged more carefully. Reads at once wait for
         one another where they compute: for the GIL, or for a CPU on a machine with fewer CPUs
         than reads. Their summed wall time then says they wait when it is their own crowd they
-        wait for (255 reads of 1 ms of Python at once: 15x their CPU, summed). So, counting the
-        time a read waited for a CPU as busy, not waiting:
+        wait for (255 reads of 1 ms of Python at once: 15x their CPU, summed). So, with a
+        read's busy seconds (:func:`_counted`: the time it waited for a CPU is not waiting):
 
         * most of them took about their busy time (the median read under
           :data:`PARALLEL_FROM` times it): they compute, and the averages start again from
           this batch;
-        * they waited, and their CPU seconds came to less than :data:`SATURATED` of the span
-          (the CPU was mostly idle): they wait;
-        * they waited, but kept the CPU busy: they cannot tell, unless a first read that was
-          read alone and waited began them (``probe``), and it was not the loader's first
-          (which may have waited on what only a first read does: a file opened, a cache
-          filled). Else the next batch's first read is such a probe.
+        * they waited, and most were shorter than half the interpreter's switch interval
+          (``sys.getswitchinterval()``: a read that short is seldom made to give up the GIL
+          midway, so its wait is its own), or their CPU seconds came to less than
+          :data:`SATURATED` of the span (the CPU was mostly idle): they wait;
+        * they waited, were longer, and kept the CPU busy: they cannot tell, unless a first
+          read that was read alone and waited began them (``probe``), and it was not the
+          loader's first (which may have waited on what only a first read does: a file
+          opened, a cache filled). Else the next batch's first read is such a probe.
 
         (A dataset whose reads mostly compute and sometimes wait, a cache that mostly hits,
         stays in processes: reading it as torch does is the safe side.)
@@ -624,11 +639,13 @@ class SampleReads:
             return wall, cpu, count
         busy = sum(t[1] for t in measured)
         median = sorted(t[0] / max(t[1], 1e-7) for t in measured)[count // 2]
+        median_busy = sorted(t[1] for t in measured)[count // 2]
         if median < PARALLEL_FROM:  # they compute: one read took about the median's share
             wall = min(wall, median * busy)
             self._measured(wall / count, busy / count, anew=True)
             return wall, busy, count
-        if sum(t[2] for t in measured) >= SATURATED * span and not (probe and probe.again):
+        long = median_busy >= sys.getswitchinterval() / 2  # (the GIL is taken from them)
+        if long and sum(t[2] for t in measured) >= SATURATED * span and not (probe and probe.again):
             with self._lock:
                 self.wall = self.cpu = None  # (the next batch's first read is a probe)
                 self.width = 1

@@ -1,0 +1,115 @@
+"""``num_workers="auto"`` on datasets whose first read differs from the rest: which worker kind
+it settles on, and how long an epoch takes, against fixed process workers.
+
+* ``opens-file``: each process opens its file at its first read (20 ms of waiting, by whichever
+  read finds it closed: the common lazy-handle pattern), then each sample computes ``--work``
+  seconds of Python. Process workers are right for it.
+* ``waits``: every read waits ``--latency`` (a network read) and computes 50 us. Threads are
+  right for it.
+
+One fresh loader per run (``"auto"`` decides in the first epoch), fork, batch 32, 1,024
+samples; each row's median over ``--reps`` runs, the sides in turn.
+
+    .venv/bin/python scripts/auto_first_read.py [--reps 5] [--src /tmp/base/src]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch.utils.data as tud
+
+# ``--src DIR`` runs another tree's ferry (an A/B); it is read before ferry is imported.
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else None
+sys.path.insert(0, _SRC or str(Path(__file__).resolve().parents[1] / "src"))
+
+import ferry  # noqa: E402  (after the path is set)
+
+SAMPLES, BATCH = 1024, 32
+
+
+class OpensFile(tud.Dataset[int]):
+    def __init__(self, work: float) -> None:
+        self.work = work
+        self.handle: object | None = None
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int) -> int:
+        if self.handle is None:
+            time.sleep(0.02)
+            self.handle = object()
+        end = time.thread_time() + self.work
+        while time.thread_time() < end:
+            pass
+        return index
+
+
+class Waits(tud.Dataset[int]):
+    def __init__(self, latency: float) -> None:
+        self.latency = latency
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(self.latency)
+        end = time.thread_time() + 0.00005
+        while time.thread_time() < end:
+            pass
+        return index
+
+
+def _epoch(dataset: Any, workers: Any) -> tuple[float, str, float]:
+    """One fresh loader's first epoch: seconds, the engine it ended on, its first batch's."""
+    loader: ferry.DataLoader[Any] = ferry.DataLoader(
+        dataset, batch_size=BATCH, num_workers=workers, multiprocessing_context="fork"
+    )
+    start = time.perf_counter()
+    first = 0.0
+    for i, _ in enumerate(loader):
+        if i == 0:
+            first = time.perf_counter() - start
+    took = time.perf_counter() - start
+    stats = loader.stats()
+    return took, stats.engine if stats is not None else "?", first
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--work", type=float, default=0.001, help="opens-file: CPU s/sample")
+    parser.add_argument("--latency", type=float, default=0.01, help="waits: s/sample")
+    parser.add_argument("--src", default=None, help="another tree's src (read before import)")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    rows = [
+        ("opens-file", OpensFile(args.work), "auto"),
+        ("opens-file", OpensFile(args.work), 2),
+        ("waits", Waits(args.latency), "auto"),
+        ("waits", Waits(args.latency), 2),
+    ]
+    runs: dict[int, list[tuple[float, str, float]]] = {i: [] for i in range(len(rows))}
+    for _ in range(args.reps):
+        for i, (_, dataset, workers) in enumerate(rows):
+            runs[i].append(_epoch(dataset, workers))
+    print(f"ferry from {ferry.__file__}; {args.reps} runs a row, medians")
+    print("| dataset | num_workers | epoch 0 samples/s | first batch ms | ended on |")
+    print("| --- | --- | --: | --: | --- |")
+    for i, (name, _, workers) in enumerate(rows):
+        took = statistics.median(r[0] for r in runs[i])
+        first = statistics.median(r[2] for r in runs[i])
+        ended = ", ".join(f"{k} x{n}" for k, n in Counter(r[1] for r in runs[i]).items())
+        print(f"| {name} | {workers} | {SAMPLES / took:,.0f} | {first * 1e3:.1f} | {ended} |")
+
+
+if __name__ == "__main__":
+    main()
