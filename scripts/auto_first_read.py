@@ -8,9 +8,11 @@ it settles on, and how long an epoch takes, against fixed process workers.
   right for it.
 
 One fresh loader per run (``"auto"`` decides in the first epoch), fork, batch 32, 1,024
-samples; each row's median over ``--reps`` runs, the sides in turn.
+samples; each row's median over ``--reps`` runs, the sides in turn. With ``--sweep``, only
+``opens-file`` under ``"auto"``, at 0.5 to 8 ms of work a sample, 3 runs each: the worker
+kind each run ended on (``p``/``t``).
 
-    .venv/bin/python scripts/auto_first_read.py [--reps 5] [--src /tmp/base/src]
+    .venv/bin/python scripts/auto_first_read.py [--reps 5] [--src /tmp/base/src] [--sweep]
 """
 
 from __future__ import annotations
@@ -68,19 +70,28 @@ class Waits(tud.Dataset[int]):
         return index
 
 
-def _epoch(dataset: Any, workers: Any) -> tuple[float, str, float]:
-    """One fresh loader's first epoch: seconds, the engine it ended on, its first batch's."""
+def _epoch(dataset: Any, workers: Any) -> tuple[float, str, float, float]:
+    """One fresh loader's first epoch: seconds, the engine it ended on, and when its first
+    and second batches came."""
     loader: ferry.DataLoader[Any] = ferry.DataLoader(
         dataset, batch_size=BATCH, num_workers=workers, multiprocessing_context="fork"
     )
     start = time.perf_counter()
-    first = 0.0
-    for i, _ in enumerate(loader):
-        if i == 0:
-            first = time.perf_counter() - start
+    came = []
+    for _ in loader:
+        if len(came) < 2:
+            came.append(time.perf_counter() - start)
     took = time.perf_counter() - start
     stats = loader.stats()
-    return took, stats.engine if stats is not None else "?", first
+    return took, stats.engine if stats is not None else "?", came[0], came[1]
+
+
+def _sweep() -> None:
+    kinds = []
+    for work in (0.0005, 0.001, 0.002, 0.003, 0.004, 0.008):
+        ended = "".join(_epoch(OpensFile(work), "auto")[1][0] for _ in range(3))
+        kinds.append(f"{work * 1e3:g} ms: {ended}")
+    print(f"ferry from {ferry.__file__}; opens-file, auto: " + ", ".join(kinds))
 
 
 def main() -> None:
@@ -89,26 +100,34 @@ def main() -> None:
     parser.add_argument("--work", type=float, default=0.001, help="opens-file: CPU s/sample")
     parser.add_argument("--latency", type=float, default=0.01, help="waits: s/sample")
     parser.add_argument("--src", default=None, help="another tree's src (read before import)")
+    parser.add_argument("--sweep", action="store_true", help="opens-file at 0.5-8 ms of work")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
+    if args.sweep:
+        _sweep()
+        return
     rows = [
         ("opens-file", OpensFile(args.work), "auto"),
         ("opens-file", OpensFile(args.work), 2),
         ("waits", Waits(args.latency), "auto"),
         ("waits", Waits(args.latency), 2),
     ]
-    runs: dict[int, list[tuple[float, str, float]]] = {i: [] for i in range(len(rows))}
+    runs: dict[int, list[tuple[float, str, float, float]]] = {i: [] for i in range(len(rows))}
     for _ in range(args.reps):
         for i, (_, dataset, workers) in enumerate(rows):
             runs[i].append(_epoch(dataset, workers))
     print(f"ferry from {ferry.__file__}; {args.reps} runs a row, medians")
-    print("| dataset | num_workers | epoch 0 samples/s | first batch ms | ended on |")
-    print("| --- | --- | --: | --: | --- |")
+    print("| dataset | num_workers | epoch 0 samples/s | first batch ms | second | ended on |")
+    print("| --- | --- | --: | --: | --: | --- |")
     for i, (name, _, workers) in enumerate(rows):
         took = statistics.median(r[0] for r in runs[i])
         first = statistics.median(r[2] for r in runs[i])
+        second = statistics.median(r[3] for r in runs[i])
         ended = ", ".join(f"{k} x{n}" for k, n in Counter(r[1] for r in runs[i]).items())
-        print(f"| {name} | {workers} | {SAMPLES / took:,.0f} | {first * 1e3:.1f} | {ended} |")
+        print(
+            f"| {name} | {workers} | {SAMPLES / took:,.0f} | {first * 1e3:.1f} | "
+            f"{second * 1e3:.1f} | {ended} |"
+        )
 
 
 if __name__ == "__main__":

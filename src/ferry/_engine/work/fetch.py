@@ -22,7 +22,7 @@ import torch
 
 from ferry._core.alloc import Allocator, using_allocator
 from ferry._engine.work.aio import AsyncReads
-from ferry._engine.work.reads import UNCLEAR, Failed, SampleReads, busy_of
+from ferry._engine.work.reads import Failed, SampleReads, busy_of
 from ferry.collate import default_collate, default_map_is_pristine
 from ferry.datasets import fetch_many, tensor_gather
 from ferry.errors import SkippedSample
@@ -162,8 +162,6 @@ class MapFetcher(_TimedFetch):
             self.cpu_s = clock() - cpu
             if isinstance(self.reads, SampleReads):
                 self.parallel = self.reads.last_parallel()
-                if self.parallel is UNCLEAR:  # (its reads could not tell: not evidence)
-                    self.cpu_s, self.parallel = -1.0, None
 
     def _fetch(self, key: Any) -> Any:
         start = perf_counter()

@@ -56,8 +56,6 @@ __all__ = [
     "PARALLEL_FROM",
     "PEEK",
     "POOL_LIMIT",
-    "SATURATED",
-    "UNCLEAR",
     "Failed",
     "SampleReads",
     "busy_of",
@@ -72,14 +70,6 @@ POOL_LIMIT = 64
 SMOOTHING = 0.3
 # The loader's first read is judged while it runs once it has taken this long (seconds).
 PEEK = 0.0005
-# Reads run at once whose CPU seconds add up to this share of their batch's wall seconds or
-# more kept the CPU (or the GIL) busy: their own waits for one another could explain their
-# wall times, so those times alone do not say that they wait (see SampleReads._verdict). A
-# quarter, not a half: on a loaded machine the GIL's holder gets a CPU a part of the time.
-SATURATED = 0.25
-UNCLEAR = (math.nan, math.nan, 0)
-"""What :meth:`SampleReads.last_parallel` gives for reads at once that could not tell whether
-they wait: not evidence either way."""
 
 _SERVING: dict[int, tuple[int, Any, FrameType]] = {}
 """The reads running on pool threads now: the pool thread's id -> (the id of the thread that
@@ -329,13 +319,13 @@ class _Clocks:
 
 
 class _Launched:
-    """Reads :meth:`SampleReads._launch` began: their futures in key order, the list their
-    (wall, CPU) seconds go into as they end, and when they began (the reads' wall clock)."""
+    """Reads :meth:`SampleReads._launch` began: their futures in key order, and the list their
+    times go into as they end."""
 
-    __slots__ = ("began", "futures", "times")
+    __slots__ = ("futures", "times")
 
-    def __init__(self, futures: list[Future[Any]], times: list[Timed], began: float) -> None:
-        self.futures, self.times, self.began = futures, times, began
+    def __init__(self, futures: list[Future[Any]], times: list[Timed]) -> None:
+        self.futures, self.times = futures, times
 
 
 class _FirstRead:
@@ -375,11 +365,10 @@ class SampleReads:
         self.limit = limit
         self._detached = detached  # (a worker process's own: see _Pool)
         # A process worker's own reads (num_workers="auto"), over a dataset written for one
-        # thread, and judged: the rest of a batch begins at once only once its first read has
-        # ended (a first read may be opening what the others need: a file, a handle), and
-        # after reads at once that could not tell whether they wait, the next batch's first
-        # read is a probe (see _verdict). Thread workers' reads begin the rest while the first
-        # read runs (the first batch arrives after about one read) and keep their width.
+        # thread, and judged: nothing begins while a first read runs, and a loader's first
+        # read that waited is followed by a probe (see _first); reads at once are judged by
+        # their median (_verdict). Thread workers' reads begin the rest while the first read
+        # runs (the first batch arrives after about one read) and keep their width.
         self._alone = alone
         self._clocks = _Clocks(clock, cpu_clock, busy)
         self._lock = threading.Lock()
@@ -422,10 +411,17 @@ class SampleReads:
         launched = self._launch(dataset, keys, width, thread_worker_info(), threading.get_ident())
         return self._gather(launched, collect=collect, expect=True)
 
-    def _first(self, dataset: Any, keys: Sequence[Any], collect: bool) -> list[Any]:
+    def _first(self, dataset: Any, keys: Sequence[Any], collect: bool, size: int = 0) -> list[Any]:
         """Read ``keys[0]`` here, alone. While it runs a pool thread watches it
-        (:meth:`_watch`): if it waits, the watcher begins the rest of the batch at once (not
-        for ``alone`` reads: they begin once it ended). Else they follow as it measured."""
+        (:meth:`_watch`): if it waits, the watcher begins the rest of the batch at once. Else
+        they follow as it measured. ``size``: the batch's (``keys`` may be its tail).
+
+        ``alone`` reads (a process worker's own, over a dataset written for one thread, which
+        ``num_workers="auto"`` judges) begin nothing while the first read runs: it may be
+        opening what the others need (a file, a handle). Where the loader's first read
+        waited, the next one is read alone too, a probe that the first read's one-off work
+        no longer colours, and only if it waits as well are the rest read at once."""
+        size = size or len(keys)
         thread = threading.current_thread()
         with self._lock:
             first = _FirstRead(thread, again=self._probed)
@@ -451,17 +447,18 @@ class SampleReads:
             first.over = True
             first.took = took
             rest = first.rest
-        if rest is None:  # not begun while it ran: the rest as it measured
-            busy = _counted(cpu, took[1] - cpu) if took is not None and self._alone else cpu
-            self._measured(wall, busy)
-            if not self._alone or min(self.width, len(keys) - 1) <= 1:
-                return head + self.read(dataset, keys[1:], collect)
-            rest = self._launch(dataset, keys[1:], len(keys), first.info, first.owner)
-        if not isinstance(head[0], Failed):
-            expect_batch(head[0], len(keys))  # (the batch's memory, while the rest are read)
         busy = _counted(cpu, took[1] - cpu) if took is not None and self._alone else cpu
-        also = (wall, busy, cpu)
-        return head + self._gather(rest, collect=collect, also=also, probe=first)
+        if rest is None:  # not begun while it ran: the rest as it measured
+            self._measured(wall, busy, anew=first.again and self._alone)
+            waited = self.width > 1
+            if self._alone and waited and not first.again and len(keys) > 2:
+                return head + self._first(dataset, keys[1:], collect, size)  # (the probe)
+            if not self._alone or not waited or len(keys) <= 2:
+                return head + self.read(dataset, keys[1:], collect)
+            rest = self._launch(dataset, keys[1:], size, first.info, first.owner)
+        if not isinstance(head[0], Failed):
+            expect_batch(head[0], size)  # (the batch's memory, while the rest are read)
+        return head + self._gather(rest, collect=collect, also=(wall, busy, cpu))
 
     def _watch(self, job: tuple[_FirstRead, Any, Sequence[Any]]) -> None:
         """On a pool thread: look at a first read now and then while it runs; once it has
@@ -559,8 +556,7 @@ class SampleReads:
                 times.append((clock() - start, _counted(cpu, queued() - queued_start), cpu))
                 del _SERVING[me]
 
-        began = clock()
-        return _Launched([pool.submit(one, key) for key in keys], times, began)
+        return _Launched([pool.submit(one, key) for key in keys], times)
 
     def _gather(
         self,
@@ -569,11 +565,10 @@ class SampleReads:
         collect: bool,
         also: Timed | None = None,
         expect: bool = False,
-        probe: _FirstRead | None = None,
     ) -> list[Any]:
         """The results of reads :meth:`_launch` began, in key order (see :meth:`read`), then
         what they say of one read's wall and CPU seconds into the averages (:meth:`_verdict`;
-        with ``also``, one more read's, the watched ``probe`` that began them). With
+        with ``also``, one more read's, the first read that began them). With
         ``expect``, the first result tells the collate allocator what the batch will need
         while the others are read (:func:`~ferry._core.alloc.expect_batch`)."""
         futures = launched.futures
@@ -597,40 +592,24 @@ class SampleReads:
             raise
         measured = [*launched.times, also] if also is not None else list(launched.times)
         if measured:
-            span = self._clocks.wall() - launched.began
-            self._last.parallel = self._verdict(measured, span, probe)
+            self._last.parallel = self._verdict(measured)
         return results
 
-    def _verdict(
-        self, measured: list[Timed], span: float, probe: _FirstRead | None
-    ) -> tuple[float, float, int]:
-        """What reads run at once, ``measured``, over ``span`` wall seconds, say of one read:
-        its wall and CPU seconds into the averages, and their sums and count returned for
-        :meth:`last_parallel`, or :data:`UNCLEAR` where they are no evidence.
+    def _verdict(self, measured: list[Timed]) -> tuple[float, float, int]:
+        """What reads run at once, ``measured``, say of one read: its wall and CPU seconds into
+        the averages, and their sums and count returned for :meth:`last_parallel`.
 
         Thread workers' reads: their sums (a mean read). A process worker's (``alone``: the
         judge of ``num_workers="auto"`` reads them, and a wrong "they wait" moves computing
-        work to threads, one CPU for all) are judged more carefully. Reads at once wait for
-        one another where they compute: for the GIL, or for a CPU on a machine with fewer CPUs
-        than reads. Their summed wall time then says they wait when it is their own crowd they
-        wait for (255 reads of 1 ms of Python at once: 15x their CPU, summed). So, with a
-        read's busy seconds (:func:`_counted`: the time it waited for a CPU is not waiting):
-
-        * most of them took about their busy time (the median read under
-          :data:`PARALLEL_FROM` times it): they compute, and the averages start again from
-          this batch;
-        * they waited, and most were shorter than half the interpreter's switch interval
-          (``sys.getswitchinterval()``: a read that short is seldom made to give up the GIL
-          midway, so its wait is its own), or their CPU seconds came to less than
-          :data:`SATURATED` of the span (the CPU was mostly idle): they wait;
-        * they waited, were longer, and kept the CPU busy: they cannot tell, unless a first
-          read that was read alone and waited began them (``probe``), and it was not the
-          loader's first (which may have waited on what only a first read does: a file
-          opened, a cache filled). Else the next batch's first read is such a probe.
-
-        (A dataset whose reads mostly compute and sometimes wait, a cache that mostly hits,
-        stays in processes: reading it as torch does is the safe side.)
-        """
+        work to threads, one CPU for all) by their median read, with its busy seconds
+        (:func:`_counted`: a wait for a CPU is not a wait). Reads at once wait for one another
+        where they compute: for the GIL, or for a CPU on a machine with fewer CPUs than
+        reads, and their summed times count that as waiting (255 reads of 1 ms of Python at
+        once: 15x their CPU, summed), where most of them, run whole, take about their busy
+        time. Where the median read waited less than :data:`PARALLEL_FROM` times that, they
+        compute, and the averages start again from this batch. (A dataset whose reads mostly
+        compute and sometimes wait, a cache that mostly hits, then stays in processes:
+        reading it as torch does is the safe side.)"""
         count = len(measured)
         wall = sum(t[0] for t in measured)
         if not self._alone:
@@ -639,26 +618,16 @@ class SampleReads:
             return wall, cpu, count
         busy = sum(t[1] for t in measured)
         median = sorted(t[0] / max(t[1], 1e-7) for t in measured)[count // 2]
-        median_busy = sorted(t[1] for t in measured)[count // 2]
         if median < PARALLEL_FROM:  # they compute: one read took about the median's share
             wall = min(wall, median * busy)
-            self._measured(wall / count, busy / count, anew=True)
-            return wall, busy, count
-        long = median_busy >= sys.getswitchinterval() / 2  # (the GIL is taken from them)
-        if long and sum(t[2] for t in measured) >= SATURATED * span and not (probe and probe.again):
-            with self._lock:
-                self.wall = self.cpu = None  # (the next batch's first read is a probe)
-                self.width = 1
-            return UNCLEAR
-        self._measured(wall / count, busy / count)
+        self._measured(wall / count, busy / count, anew=median < PARALLEL_FROM)
         return wall, busy, count
 
     def last_parallel(self) -> tuple[float, float, int] | None:
         """Of this thread's last :meth:`read`, when its reads ran on the pool: their wall and
         CPU seconds, summed, and how many there were (a batch read at once takes about one
         read's time, so its own wall time says little of how long its reads wait), as
-        :meth:`_verdict` judged them; :data:`UNCLEAR` when they could not tell whether they
-        wait. None when every read ran on this thread."""
+        :meth:`_verdict` judged them. None when every read ran on this thread."""
         return getattr(self._last, "parallel", None)
 
     def _measured(self, wall: float, cpu: float, anew: bool = False) -> None:
