@@ -6,11 +6,12 @@ Two reasons, either enough:
 
 * **Their reads wait.** The first batch of each worker is judged (:class:`WaitJudge`): its wall
   seconds against the CPU seconds its thread used; or, for a batch whose reads ran at once (a
-  process worker's own per-sample reads), what its reads' times say
-  (:meth:`~ferry._engine.work.reads.SampleReads._verdict`; never the batch a worker's first
-  read began at once, whose reads may all have waited on what a first read does, such as
-  opening a file). At :data:`~ferry._engine.work.reads.PARALLEL_FROM` times or more, thread
-  workers reading a batch's samples at once do better (docs/design/io.md).
+  process worker's own per-sample reads), what its median read says
+  (:meth:`~ferry._engine.work.reads.SampleReads._verdict`; they run at once only after the
+  worker's first read, and a probe after it, were read alone and waited, so a first read that
+  opens a file does not pass for reads that wait). At
+  :data:`~ferry._engine.work.reads.PARALLEL_FROM` times or more, thread workers reading a
+  batch's samples at once do better (docs/design/io.md).
 * **Their memory grows past what the system has**: copy-on-write of the dataset's Python
   objects, projected to the end of the epoch (:func:`ferry._core.memory.growth_verdict`;
   docs/design/memory.md).

@@ -329,8 +329,8 @@ class _Launched:
 
 
 class _FirstRead:
-    """A batch's first read, read alone (the loader's first, or a later probe: ``again``), as
-    a watcher sees it: when it began (wall and busy seconds of the thread reading; None: not
+    """A read read alone (the loader's first, or the probe after it: ``again``), as a watcher
+    sees it: when it began (wall and busy seconds of the thread reading; None: not
     yet), and the reads of the rest of its batch once they were begun (``over``: the read
     ended, nothing more is begun; ``took``: its wall and busy seconds, where they could be
     read)."""
