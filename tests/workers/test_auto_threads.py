@@ -127,6 +127,33 @@ def test_a_dataset_that_opens_its_file_at_the_first_read_stays_in_processes(work
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("batch_size", [1, 2, 3])
+def test_a_small_batch_after_a_first_read_that_opens_its_file_stays_in_processes(
+    batch_size: int,
+) -> None:
+    """Batches too small to read at once are judged as they were read, one after another:
+    without the worker's first read, which opened the file (with it, 20 ms against 0.5 ms
+    reads, every batch of one to three samples looked like waiting)."""
+    data = OpensAtFirstRead(n=48, work=0.0005)
+    loader = ferry.DataLoader(
+        data, batch_size=batch_size, num_workers="auto", multiprocessing_context="fork"
+    )
+    assert [x for b in loader for x in b.tolist()] == list(range(48))
+    stats = loader.stats()
+    assert stats.engine == "process", stats.tuning
+
+
+@pytest.mark.timeout(90)
+def test_reads_that_wait_one_sample_a_batch_still_become_threads() -> None:
+    data = Waiting(n=24, latency=SLOW)
+    loader = ferry.DataLoader(
+        data, batch_size=1, num_workers="auto", multiprocessing_context="fork"
+    )
+    assert [x for b in loader for x in b.tolist()] == list(range(24))
+    assert loader.stats().engine == "thread"
+
+
+@pytest.mark.timeout(90)
 def test_a_state_taken_after_the_switch_resumes_exactly() -> None:
     def loader() -> ferry.DataLoader[Any]:
         return _auto(

@@ -149,8 +149,9 @@ class ThreadSwitch:
             self.why = self._memory(stats, epoch)
         if self.why or self.judge.decided:
             return
-        if done.reads is not None:  # read at once: what its reads took, one by one
-            self.why = self.judge.add(*done.reads, at_once=True)
+        if done.reads is not None:  # what its reads took, one by one (see last_parallel)
+            if done.reads[2]:  # (none: the batch's one read was its worker's first, not judged)
+                self.why = self.judge.add(*done.reads, at_once=True)
         elif done.cpu >= 0:
             self.why = self.judge.add(done.timing.made_s, done.cpu, _key_length(key))
 

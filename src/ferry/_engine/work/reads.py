@@ -10,9 +10,9 @@ threads shared by every worker thread of a loader, when measurement says they wa
   (``time.thread_time``; on the pool, plus the time it waited for a CPU). Their ratio is how
   many reads one core could keep in flight: about 1 for work that holds the GIL (decoding in
   Python), hundreds for a read that sleeps on I/O. A process worker's reads at once, which
-  ``num_workers="auto"`` judges, are judged by their median read and by how busy they kept the
-  CPU, not by their sum: reads that compute wait for one another (the GIL), which their summed
-  times would count as waiting (:meth:`SampleReads._verdict`).
+  ``num_workers="auto"`` judges, are judged by their median read, not by their sum: reads that
+  compute wait for one another (the GIL), which their summed times would count as waiting
+  (:meth:`SampleReads._verdict`).
 * ``width``, how many samples of one batch are read at once, follows that ratio: 1 (one after
   another, as torch does, and with no pool) until the reads are measured to wait at least
   :data:`PARALLEL_FROM` times their CPU, then ``ceil(ratio)``, at most the batch and the pool.
@@ -318,14 +318,9 @@ class _Clocks:
         self.queued: Callable[[], float] = _own_schedstat.queued if real else float
 
 
-class _Launched:
-    """Reads :meth:`SampleReads._launch` began: their futures in key order, and the list their
-    times go into as they end."""
-
-    __slots__ = ("futures", "times")
-
-    def __init__(self, futures: list[Future[Any]], times: list[Timed]) -> None:
-        self.futures, self.times = futures, times
+Launched = tuple[list[Future[Any]], list[Timed]]
+"""Reads :meth:`SampleReads._launch` began: their futures in key order, and the list their
+times go into as they end."""
 
 
 class _FirstRead:
@@ -344,7 +339,7 @@ class _FirstRead:
         self.owner = threading.get_ident()
         self.over = False
         self.took: tuple[float, float] | None = None  # (wall, busy seconds, once it ended)
-        self.rest: _Launched | None = None
+        self.rest: Launched | None = None
 
 
 class SampleReads:
@@ -400,10 +395,9 @@ class SampleReads:
         read that raises gives a :class:`Failed` in its place (``StopIteration`` still ends the
         epoch); else the first failing key's error is raised."""
         self._last.parallel = None
-        if self.wall is None and len(keys) > 1:
-            # Nothing measured (yet, or since a batch that could not tell): a read, watched,
-            # says whether the rest should run at once (the first batch of a loader that waits
-            # arrives after about one read).
+        if self.wall is None and (len(keys) > 1 or (self._alone and keys)):
+            # Nothing measured yet: the first read, watched, says whether the rest should run
+            # at once (the first batch of a loader that waits arrives after about one read).
             return self._first(dataset, keys, collect)
         if min(self.width, len(keys)) <= 1:
             return self._serial(dataset, keys, collect)
@@ -439,7 +433,7 @@ class SampleReads:
             with first.lock:
                 first.over = True
                 if first.rest is not None:
-                    for future in first.rest.futures:
+                    for future in first.rest[0]:
                         future.cancel()
             raise
         took = (wall, self._clocks.busy(thread) - began[1]) if began[1] >= 0 else None
@@ -450,15 +444,32 @@ class SampleReads:
         busy = _counted(cpu, took[1] - cpu) if took is not None and self._alone else cpu
         if rest is None:  # not begun while it ran: the rest as it measured
             self._measured(wall, busy, anew=first.again and self._alone)
-            waited = self.width > 1
-            if self._alone and waited and not first.again and len(keys) > 2:
-                return head + self._first(dataset, keys[1:], collect, size)  # (the probe)
-            if not self._alone or not waited or len(keys) <= 2:
+            if self._alone and self.width > 1 and not first.again:
+                return head + self._after_first(dataset, keys[1:], collect, size)
+            if not (self._alone and self.width > 1 and len(keys) > 2):
                 return head + self.read(dataset, keys[1:], collect)
             rest = self._launch(dataset, keys[1:], size, first.info, first.owner)
         if not isinstance(head[0], Failed):
             expect_batch(head[0], size)  # (the batch's memory, while the rest are read)
         return head + self._gather(rest, collect=collect, also=(wall, busy, cpu))
+
+    def _after_first(
+        self, dataset: Any, keys: Sequence[Any], collect: bool, size: int
+    ) -> list[Any]:
+        """The rest of a batch whose first read, the loader's, waited (``alone`` reads): the
+        next read alone too (a probe), then the others as it says. What they took is what
+        :meth:`last_parallel` gives for the batch, the first read left out: it may have waited
+        on what only a first read does (count 0 where it was the batch's only read)."""
+        thread = threading.current_thread()
+        start, busy = self._clocks.wall(), self._clocks.busy(thread)
+        if len(keys) > 1:
+            results = self._first(dataset, keys, collect, size)
+        else:
+            results = self._serial(dataset, keys, collect)
+        if self._last.parallel is None:  # (read one after another, here)
+            took = self._clocks.wall() - start, self._clocks.busy(thread) - busy
+            self._last.parallel = (*took, len(keys))
+        return results
 
     def _watch(self, job: tuple[_FirstRead, Any, Sequence[Any]]) -> None:
         """On a pool thread: look at a first read now and then while it runs; once it has
@@ -534,7 +545,7 @@ class SampleReads:
         at_once: int,
         info: WorkerInfo | None,
         owner: int,
-    ) -> _Launched:
+    ) -> Launched:
         """Begin every read of ``keys`` on the pool (at most ``limit`` run at once; ``at_once``
         reads of this batch are in flight, for the statistics), each seeing ``info`` as its
         worker's and counted as serving thread ``owner`` (the worker that asked for them)."""
@@ -556,11 +567,11 @@ class SampleReads:
                 times.append((clock() - start, _counted(cpu, queued() - queued_start), cpu))
                 del _SERVING[me]
 
-        return _Launched([pool.submit(one, key) for key in keys], times)
+        return [pool.submit(one, key) for key in keys], times
 
     def _gather(
         self,
-        launched: _Launched,
+        launched: Launched,
         *,
         collect: bool,
         also: Timed | None = None,
@@ -571,7 +582,7 @@ class SampleReads:
         with ``also``, one more read's, the first read that began them). With
         ``expect``, the first result tells the collate allocator what the batch will need
         while the others are read (:func:`~ferry._core.alloc.expect_batch`)."""
-        futures = launched.futures
+        futures, times = launched
         results: list[Any] = []
         try:
             for future in futures:
@@ -590,7 +601,7 @@ class SampleReads:
             for future in futures:
                 future.cancel()
             raise
-        measured = [*launched.times, also] if also is not None else list(launched.times)
+        measured = [*times, also] if also is not None else times
         if measured:
             self._last.parallel = self._verdict(measured)
         return results
@@ -627,7 +638,9 @@ class SampleReads:
         """Of this thread's last :meth:`read`, when its reads ran on the pool: their wall and
         CPU seconds, summed, and how many there were (a batch read at once takes about one
         read's time, so its own wall time says little of how long its reads wait), as
-        :meth:`_verdict` judged them. None when every read ran on this thread."""
+        :meth:`_verdict` judged them. For the batch of a process worker's first read that
+        waited, what the reads after it took, however they ran (see :meth:`_after_first`).
+        None when every read ran on this thread."""
         return getattr(self._last, "parallel", None)
 
     def _measured(self, wall: float, cpu: float, anew: bool = False) -> None:
