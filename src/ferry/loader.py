@@ -348,6 +348,8 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         (``"auto"``) from the last epoch's statistics; a change replaces persistent workers."""
         assert self._tuner is not None
         track = self._resume.track
+        if track is not None and track.reads_compute:
+            self._tuner.reads_compute = True  # (from now on no worker is held back for it)
         if track is None or not track.finished or self._resume.pending is not None:
             return
         # The workers of the last epoch became threads when their reads waited: the next
@@ -472,6 +474,11 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
             reported_length=self._IterableDataset_len_called,
             snapshot_every=self.snapshot_every_n_steps,
             threads_if_waiting=self._tuner is not None and self.worker_type == "process",
+            hold_workers=(
+                self._tuner is not None
+                and self.worker_type == "process"
+                and not self._tuner.reads_compute
+            ),
             balance_workers=self.balance_workers,
             failures=FailurePolicy.from_options(
                 self.on_error, self.max_errors, self.max_worker_restarts, self.stall_warning

@@ -41,6 +41,7 @@ from ferry._engine.work.reads import SampleReads
 from ferry._sampler_keys import first_draw_bytes
 from ferry.samplers import BatchSampler, RandomSampler, SequentialSampler
 from ferry.stats import StatsRecorder
+from workers.test_sample_reads import OpensAtFirstRead
 
 MIB = 1 << 20
 
@@ -414,6 +415,85 @@ def test_reads_that_compute_start_the_other_workers_at_once(
     assert first[0].tolist() == [0, 1, 2, 3]
     assert [x for b in iterator for x in b[0].tolist()] == list(range(4, 24))
     assert loader.stats().engine == "process"
+
+
+@pytest.mark.timeout(60)
+def test_a_first_read_that_opens_its_file_starts_the_others_once_the_probe_computes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Worker 0's first read opens the dataset's file (it waits: the others are held back),
+    the read after it computes: the others start then, while worker 0 still reads its first
+    batch, not once it was handed out (which cost the first epoch of such a dataset a batch of
+    every other worker's time)."""
+    events = _record_order(monkeypatch)
+    monkeypatch.setattr(switch, "HOLD_FOR", 30.0)  # (started by worker 0's word alone)
+    loader = ferry.DataLoader(
+        OpensAtFirstRead(48, work=0.01),
+        batch_size=8,
+        num_workers="auto",
+        multiprocessing_context="fork",
+    )
+    workers = loader._plan().num_workers
+    iterator = iter(loader)
+    first = next(iterator)
+    assert [w for what, w in events if what == "start"] == list(range(workers))
+    assert first.tolist() == list(range(8))
+    assert [x for b in iterator for x in b.tolist()] == list(range(8, 48))
+    assert loader.stats().engine == "process"
+
+
+class _WaitsTwiceThenComputes(tud.Dataset[int]):
+    """Each process's first two reads wait (a file opened, then its index read; not while
+    ``slow_open`` is False), the rest compute: the first look and the probe both say
+    "waits"."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.opened, self.slow_open = n, 0, True
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if self.opened < 2 and self.slow_open:
+            self.opened += 1
+            time.sleep(0.03)
+        end = time.thread_time() + 0.002
+        while time.thread_time() < end:
+            pass
+        return index
+
+
+@pytest.mark.timeout(60)
+def test_an_epoch_after_one_that_judged_its_reads_to_compute_holds_no_worker_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once an epoch of an auto loader judged its process workers' reads to compute, the
+    next epochs (new workers, whose first reads wait: here they open the dataset's file) start
+    every worker at once: the verdict is not made again at the price of the other workers'
+    start (before, they were held back until worker 0's first batch was handed out)."""
+    events = _record_order(monkeypatch)
+    monkeypatch.setattr(switch, "HOLD_FOR", 30.0)
+    dataset = _WaitsTwiceThenComputes(64)
+    dataset.slow_open = False  # (the first epoch computes from its first read: judged so)
+    loader = ferry.DataLoader(
+        dataset, batch_size=16, num_workers="auto", multiprocessing_context="fork"
+    )
+    workers = loader._plan().num_workers
+    assert loader._plan().hold_workers
+    assert [x for b in loader for x in b.tolist()] == list(range(64))
+    assert loader.stats().engine == "process"
+    dataset.slow_open = True  # (the next epoch's workers are forked with it)
+    events.clear()
+    iterator = iter(loader)
+    assert not loader._plan().hold_workers
+    first = next(iterator)
+    events.append(("handed out", 0))
+    # every worker started before worker 0's first batch (two reads that wait) was handed out
+    assert [w for what, w in events if what == "start"] == list(range(workers))
+    assert events[-1] == ("handed out", 0)
+    assert first.tolist() == list(range(16))
+    assert loader._plan().num_workers == workers
+    assert [x for b in iterator for x in b.tolist()] == list(range(16, 64))
 
 
 @pytest.mark.timeout(60)

@@ -177,6 +177,25 @@ def test_reads_at_once_that_waited_for_one_another_compute() -> None:
     assert shared.width > 1
 
 
+def test_reads_at_once_that_kept_the_gil_busy_compute_even_where_the_median_waited() -> None:
+    """Eight reads of 4 ms of Python at once, each cut short by the GIL's switch interval:
+    each waited for the others, 7x at the median. Their busy seconds filled their span: the
+    process's GIL was busy all along, which thread workers could not do better than; the judge
+    is told they compute. The worker's own width stays as measured. Reads that waited and
+    filled a fifth of the span (a fresh process's first batch fills up to 0.7) still wait."""
+    measured = [(0.028, 0.004, 0.004)] * 8
+    reads = SampleReads(alone=True)
+    wall, busy, count = reads._verdict(measured, reads_module._filled(measured, 0.033))
+    assert (wall, busy, count) == pytest.approx((0.032, 0.032, 8))
+    assert reads.width == 7  # (the averages as measured: ceil(28 / 4))
+    wall, busy, _ = SampleReads(alone=True)._verdict(measured, filled=0.2)
+    assert wall / busy >= PARALLEL_FROM
+    assert reads_module._filled(measured, 0.0) == 0.0
+    shared = SampleReads()  # thread workers' reads: the sums, as before
+    wall, cpu, _ = shared._verdict(measured, filled=1.0)
+    assert wall / cpu >= PARALLEL_FROM
+
+
 @pytest.mark.parametrize("alone", [False, True])
 def test_reads_at_once_that_waited_wait(alone: bool) -> None:
     reads = SampleReads(alone=alone)
@@ -251,6 +270,24 @@ def test_a_process_workers_first_read_that_opens_a_file_leaves_computing_reads_a
         assert said is None or said[0] < PARALLEL_FROM * said[1]
         assert reads.width == 1
         assert reads.ratio < PARALLEL_FROM
+    finally:
+        reads.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_probe_that_computes_takes_back_the_first_looks_word_that_reads_wait() -> None:
+    """The first read opens the file (it waits: the main process holds the other workers
+    back); the probe after it computes, which is said at once, so the other workers start
+    while this batch is still read, not after it was handed out. A word from the first read's
+    watcher that comes after the probe's (late, on a busy machine) is not said."""
+    told: list[bool] = []
+    reads = SampleReads(alone=True)
+    reads.on_first_look = told.append
+    try:
+        assert reads.read(OpensAtFirstRead(8, work=0.002), list(range(8))) == list(range(8))
+        assert told == [True, False]
+        reads._tell_first_look(True)  # (a watcher's word after the probe's)
+        assert told == [True, False]
     finally:
         reads.close()
 

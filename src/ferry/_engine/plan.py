@@ -55,6 +55,9 @@ class EpochPlan:
     # num_workers="auto" with process workers: they may give way to thread workers within the
     # epoch when the reads are measured to wait (see ThreadMove.move in tuning/switch.py).
     threads_if_waiting: bool = False
+    # ... and the workers after the first are held back until worker 0's first read is judged
+    # (see HeldWorkers): not once an earlier epoch of the loader judged its reads to compute.
+    hold_workers: bool = False
     # balance_workers=True: the worker that would finish it first makes the next batch
     # (see schedule.py).
     balance_workers: bool = False

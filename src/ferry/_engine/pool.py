@@ -149,7 +149,7 @@ class WorkerIterator(LoaderIterator):
         self._begin_epoch(tasks=1 if early else None)
         if early:
             self._auto.held.hold(configs[1:])
-            if not self._auto.switch.active:  # (only auto's process workers are held back)
+            if not (self._auto.switch.active and plan.hold_workers):  # (see HeldWorkers)
                 self._start_held()
                 return
         crew.pin(plan)  # (a thread: started once no more processes are forked)
@@ -460,6 +460,8 @@ class WorkerIterator(LoaderIterator):
         switch = self._auto.switch
         if switch.active:
             switch.after(done, task.key, stats, self.__len__)
+            if switch.judge.decided and not switch.why:
+                self._track.reads_compute = True
         task.outcome = done.outcome
         if done.empty:
             task.result = DROPPED

@@ -119,6 +119,9 @@ class EpochTrack:
         self.finished = False  # StopIteration was raised
         # What num_workers="auto" changed within the epoch, and why ("": nothing).
         self.switched = ""
+        # num_workers="auto" judged the process workers' reads to compute (they stay): the
+        # loader's next epochs do not hold workers back for a first look (see HeldWorkers).
+        self.reads_compute = False
         # The workers' positions as their batches arrive (the worker engine: open_flight).
         self.flight = InFlight([], False)
         # on_error="skip": the samples dropped so far in the run (counts are in the cursor).

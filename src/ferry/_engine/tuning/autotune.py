@@ -160,6 +160,9 @@ class Tuner:
         self._tried: set[Setting] = set()
         self._settled = False
         self.reason = ""
+        # num_workers="auto"'s process workers: an epoch judged their reads to compute, so the
+        # next ones start every worker at once (see HeldWorkers in switch.py).
+        self.reads_compute = False
 
     @classmethod
     def for_options(

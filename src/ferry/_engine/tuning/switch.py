@@ -23,7 +23,9 @@ dataset (its process workers already keep a batch's reads in flight at once).
 While the first worker's first read is judged, the other workers are held back
 (:class:`HeldWorkers`): on two CPUs, forking and starting them slowed the first worker's start
 of its batch's reads by milliseconds, and when those reads wait the loader becomes threads after
-that batch anyway, so the other processes would be started for nothing.
+that batch anyway, so the other processes would be started for nothing. Once an epoch judged
+the reads to compute, the loader's later epochs hold no worker back (``plan.hold_workers``):
+their new workers open their files again, and each epoch would pay the hold again.
 """
 
 from __future__ import annotations
@@ -172,10 +174,11 @@ class ThreadSwitch:
 class HeldWorkers:
     """The workers after the first of an auto loader's process workers, not started yet: they
     start as soon as the first worker's first read is seen not to wait (it computes: they are
-    needed now), at :data:`HOLD_FOR` with no word of it, or once the first batch was handed
-    out (its reads waited; the loader may become threads at a later batch, see
-    :class:`ThreadSwitch`). Tasks wait for them: batch ``i`` still goes to worker
-    ``i % num_workers``, as in torch."""
+    needed now; also where its watcher saw it wait and the read as a whole, or the probe read
+    after it, computed: a file opened, then computing), at :data:`HOLD_FOR` with no word of
+    it, or once the first batch was handed out (its reads waited; the loader may become
+    threads at a later batch, see :class:`ThreadSwitch`). Tasks wait for them: batch ``i``
+    still goes to worker ``i % num_workers``, as in torch."""
 
     def __init__(self) -> None:
         self.configs: list[WorkerConfig] = []

@@ -70,6 +70,9 @@ POOL_LIMIT = 64
 SMOOTHING = 0.3
 # The loader's first read is judged while it runs once it has taken this long (seconds).
 PEEK = 0.0005
+# Reads at once whose busy seconds fill this share of their span or more kept their process's
+# GIL busy: thread workers, one GIL for all, would not read them faster (see _verdict).
+GIL_FILLED = 0.9
 
 _SERVING: dict[int, tuple[int, Any, FrameType]] = {}
 """The reads running on pool threads now: the pool thread's id -> (the id of the thread that
@@ -288,6 +291,12 @@ Timed = tuple[float, float, float]
 """One read's wall seconds, busy seconds (:func:`_counted`) and CPU seconds."""
 
 
+def _filled(times: list[Timed], span: float) -> float:
+    """The share of ``span`` seconds that reads begun at once, ``times``, kept busy, summed
+    (1.0: one CPU, or the GIL, busy all along)."""
+    return sum(t[1] for t in times) / span if span > 0 else 0.0
+
+
 def _counted(cpu: float, waited: float) -> float:
     """A read's busy seconds as a process worker's reads count them: its CPU seconds, and the
     time it waited for a CPU up to as much again. A read that computes on a machine with
@@ -318,9 +327,9 @@ class _Clocks:
         self.queued: Callable[[], float] = _own_schedstat.queued if real else float
 
 
-Launched = tuple[list[Future[Any]], list[Timed]]
-"""Reads :meth:`SampleReads._launch` began: their futures in key order, and the list their
-times go into as they end."""
+Launched = tuple[list[Future[Any]], list[Timed], float]
+"""Reads :meth:`SampleReads._launch` began: their futures in key order, the list their times
+go into as they end, and when they were begun (wall clock)."""
 
 
 class _FirstRead:
@@ -339,6 +348,7 @@ class _FirstRead:
         self.owner = threading.get_ident()
         self.over = False
         self.took: tuple[float, float] | None = None  # (wall, busy seconds, once it ended)
+        self.said: bool | None = None  # what its watcher told of it ("waits"; None: nothing)
         self.rest: Launched | None = None
 
 
@@ -375,7 +385,9 @@ class SampleReads:
         self.cpu: float | None = None
         self.width = 1
         self.peak_width = 1  # the most reads of one batch run at once (for the statistics)
-        self._probed = False  # a first read was read already (the next one is a probe)
+        # 0: no first read yet; 1: one was read (the next is a probe); 2: the probe's word on
+        # the first look was told (a late watcher's is not, after it)
+        self._stage = 0
         # Told once, from the first read's watcher, whether that read waits (True: the rest of
         # its batch was begun at once, unless it had ended) or computes (False); a read that
         # ended before the watcher could look is judged by what it took.
@@ -418,8 +430,8 @@ class SampleReads:
         size = size or len(keys)
         thread = threading.current_thread()
         with self._lock:
-            first = _FirstRead(thread, again=self._probed)
-            self._probed = True
+            first = _FirstRead(thread, again=self._stage > 0)
+            self._stage = max(self._stage, 1)
         if not (self._alone and first.again):  # (alone, a probe: nothing to watch it for)
             self._executor().submit(self._watch, (first, dataset, keys[1:]))
         # (from here: the watcher's start, which may take a while on a busy machine, is not
@@ -444,6 +456,11 @@ class SampleReads:
         busy = _counted(cpu, took[1] - cpu) if took is not None and self._alone else cpu
         if rest is None:  # not begun while it ran: the rest as it measured
             self._measured(wall, busy, anew=first.again and self._alone)
+            if self._alone and self.width == 1 and (first.again or first.said is not False):
+                # It computes, taken whole (a file opened, then computing), or it is the
+                # probe and computes (the first read waited on what only a first read
+                # does): the workers held back for a look that said "waits" are needed.
+                self._tell_first_look(False, final=True)
             if self._alone and self.width > 1 and not first.again:
                 return head + self._after_first(dataset, keys[1:], collect, size)
             if not (self._alone and self.width > 1 and len(keys) > 2):
@@ -503,11 +520,23 @@ class SampleReads:
                     break
             if wall >= PEEK and not told:  # it computes, for now
                 told = True
-                self._tell_first_look(False)
+                self._tell_first_look(False, first)
         if not told:
-            self._tell_first_look(waits)
+            self._tell_first_look(waits, first)
 
-    def _tell_first_look(self, waits: bool) -> None:
+    def _tell_first_look(
+        self, waits: bool, first: _FirstRead | None = None, final: bool = False
+    ) -> None:
+        """Say what the first look saw (of ``first``, by its watcher; ``final``: the word of
+        a first read or a probe as a whole, which a watcher, late on a busy machine, must not
+        contradict after it)."""
+        with self._lock:
+            if self._stage == 2:
+                return
+            if final:
+                self._stage = 2
+            if first is not None:
+                first.said = waits
         if self.on_first_look is not None:
             self.on_first_look(waits)
 
@@ -567,7 +596,8 @@ class SampleReads:
                 times.append((clock() - start, _counted(cpu, queued() - queued_start), cpu))
                 del _SERVING[me]
 
-        return [pool.submit(one, key) for key in keys], times
+        began = clock()
+        return [pool.submit(one, key) for key in keys], times, began
 
     def _gather(
         self,
@@ -582,7 +612,7 @@ class SampleReads:
         with ``also``, one more read's, the first read that began them). With
         ``expect``, the first result tells the collate allocator what the batch will need
         while the others are read (:func:`~ferry._core.alloc.expect_batch`)."""
-        futures, times = launched
+        futures, times, began = launched
         results: list[Any] = []
         try:
             for future in futures:
@@ -601,12 +631,13 @@ class SampleReads:
             for future in futures:
                 future.cancel()
             raise
+        span = self._clocks.wall() - began
         measured = [*times, also] if also is not None else times
         if measured:
-            self._last.parallel = self._verdict(measured)
+            self._last.parallel = self._verdict(measured, _filled(times, span))
         return results
 
-    def _verdict(self, measured: list[Timed]) -> tuple[float, float, int]:
+    def _verdict(self, measured: list[Timed], filled: float = 0.0) -> tuple[float, float, int]:
         """What reads run at once, ``measured``, say of one read: its wall and CPU seconds into
         the averages, and their sums and count returned for :meth:`last_parallel`.
 
@@ -620,7 +651,15 @@ class SampleReads:
         time. Where the median read waited less than :data:`PARALLEL_FROM` times that, they
         compute, and the averages start again from this batch. (A dataset whose reads mostly
         compute and sometimes wait, a cache that mostly hits, then stays in processes:
-        reading it as torch does is the safe side.)"""
+        reading it as torch does is the safe side.)
+
+        Reads as long as the GIL's switch interval (5 ms) or longer are cut short by it, so
+        that each waits for the others even at the median (eight reads of 4 ms of Python at
+        once: 7x). ``filled``, the share of their span the reads' busy seconds fill
+        (:func:`_filled`), catches them: at :data:`GIL_FILLED` or more, the reads kept this
+        process's GIL busy, and thread workers, one GIL for all, could not read faster than
+        this one process does; they are reported as computing (the averages, and so this
+        worker's own width, stay as measured)."""
         count = len(measured)
         wall = sum(t[0] for t in measured)
         if not self._alone:
@@ -632,6 +671,8 @@ class SampleReads:
         if median < PARALLEL_FROM:  # they compute: one read took about the median's share
             wall = min(wall, median * busy)
         self._measured(wall / count, busy / count, anew=median < PARALLEL_FROM)
+        if median >= PARALLEL_FROM and filled >= GIL_FILLED:
+            return min(wall, busy), busy, count
         return wall, busy, count
 
     def last_parallel(self) -> tuple[float, float, int] | None:
