@@ -395,50 +395,30 @@ def test_reads_that_wait_become_threads_before_the_other_workers_start(
 
 
 @pytest.mark.timeout(60)
-def test_reads_that_compute_start_the_other_workers_at_once(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("case", ["computes", "opens its file"])
+def test_reads_that_compute_start_the_other_workers_while_worker_0_reads(
+    monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
+    """Worker 0's first batch computes (4 reads of 20 ms), or its first read opens the
+    dataset's file (it waits: the others are held back) and the reads after it compute: the
+    others start while worker 0 still reads its first batch, not once it was handed out
+    (which cost the first epoch of such a dataset a batch of every other worker's time)."""
     events = _record_order(monkeypatch)
     monkeypatch.setattr(switch, "HOLD_FOR", 30.0)  # (started by worker 0's word alone)
+    if case == "computes":
+        dataset: Any = _WaitingPids(24, 0.02, computes=True, pids=False)
+        size, n = 4, 24
+    else:
+        dataset, size, n = OpensAtFirstRead(48, work=0.01), 8, 48
     loader = ferry.DataLoader(
-        _WaitingPids(24, 0.02, computes=True),
-        batch_size=4,
-        num_workers="auto",
-        multiprocessing_context="fork",
-    )
-    workers = loader._plan().num_workers
-    iterator = iter(loader)
-    first = next(iterator)
-    # The others were started while worker 0 computed its first batch (4 x 20 ms), not after
-    # it was handed out.
-    assert [w for what, w in events if what == "start"] == list(range(workers))
-    assert first[0].tolist() == [0, 1, 2, 3]
-    assert [x for b in iterator for x in b[0].tolist()] == list(range(4, 24))
-    assert loader.stats().engine == "process"
-
-
-@pytest.mark.timeout(60)
-def test_a_first_read_that_opens_its_file_starts_the_others_once_the_probe_computes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Worker 0's first read opens the dataset's file (it waits: the others are held back),
-    the read after it computes: the others start then, while worker 0 still reads its first
-    batch, not once it was handed out (which cost the first epoch of such a dataset a batch of
-    every other worker's time)."""
-    events = _record_order(monkeypatch)
-    monkeypatch.setattr(switch, "HOLD_FOR", 30.0)  # (started by worker 0's word alone)
-    loader = ferry.DataLoader(
-        OpensAtFirstRead(48, work=0.01),
-        batch_size=8,
-        num_workers="auto",
-        multiprocessing_context="fork",
+        dataset, batch_size=size, num_workers="auto", multiprocessing_context="fork"
     )
     workers = loader._plan().num_workers
     iterator = iter(loader)
     first = next(iterator)
     assert [w for what, w in events if what == "start"] == list(range(workers))
-    assert first.tolist() == list(range(8))
-    assert [x for b in iterator for x in b.tolist()] == list(range(8, 48))
+    assert first.tolist() == list(range(size))
+    assert [x for b in iterator for x in b.tolist()] == list(range(size, n))
     assert loader.stats().engine == "process"
 
 
