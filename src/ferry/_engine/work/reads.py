@@ -385,8 +385,9 @@ class SampleReads:
         self.cpu: float | None = None
         self.width = 1
         self.peak_width = 1  # the most reads of one batch run at once (for the statistics)
-        # 0: no first read yet; 1: one was read (the next is a probe); 2: the probe's word on
-        # the first look was told (a late watcher's is not, after it)
+        # 0: no first read yet; 1: one was read (the next is a probe); 2: the final word on
+        # the first look was told (the first read's taken whole, or the probe's; a late
+        # watcher's is not sent after it)
         self._stage = 0
         # Told once, from the first read's watcher, whether that read waits (True: the rest of
         # its batch was begun at once, unless it had ended) or computes (False); a read that
