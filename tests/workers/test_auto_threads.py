@@ -64,14 +64,39 @@ def _auto(dataset: Any, **kwargs: Any) -> ferry.DataLoader[Any]:
 
 def test_the_judge_decides_once_from_the_first_batches() -> None:
     judge = WaitJudge(batches=2)
-    assert judge.add(0.32, 0.001) == ""  # one batch: not yet
-    why = judge.add(0.30, 0.002)
+    assert judge.add(0.32, 0.001, reads=8) == ""  # one batch: not yet
+    why = judge.add(0.30, 0.002, reads=8)
     assert "worker_type='thread'" in why
     assert judge.decided
-    assert judge.add(0.3, 0.001) == ""  # decided: nothing more
+    assert judge.add(0.3, 0.001, reads=8) == ""  # decided: nothing more
     cpu_bound = WaitJudge(batches=1)
-    assert cpu_bound.add(0.01, 0.01 / (PARALLEL_FROM - 1)) == ""
+    assert cpu_bound.add(0.01, 0.01 / (PARALLEL_FROM - 1), reads=8) == ""
     assert cpu_bound.decided
+
+
+def test_the_judge_goes_by_the_median_read_of_eight_at_least() -> None:
+    """Batches of one to three samples: the judge waits for eight reads, and goes by the
+    median read, each batch counting for its reads. Two reads that wait in a process (its
+    file opened, its index read; or a stall) do not make reads that compute pass for reads
+    that wait, as the sums of the first two batches did; reads that wait still do."""
+    judge = WaitJudge(batches=2)
+    assert judge.add(0.030, 0.001, reads=1) == ""  # the second read, which waited
+    assert judge.add(0.032, 0.002, reads=1) == ""  # the other worker's
+    assert not judge.decided  # (two batches, two reads: not enough)
+    for _ in range(5):
+        assert judge.add(0.002, 0.002, reads=1) == ""
+    assert not judge.decided
+    assert judge.add(0.002, 0.002, reads=1) == ""
+    assert judge.decided  # eight reads: they compute (the sums said 17x)
+    assert judge.wall / judge.cpu >= PARALLEL_FROM
+    waiting = WaitJudge(batches=2)
+    assert waiting.add(0.004, 0.002, reads=3) == ""  # (a batch that hit a cache)
+    assert waiting.add(0.09, 0.003, reads=3) == ""
+    assert "worker_type='thread'" in waiting.add(0.09, 0.003, reads=3)
+    even = WaitJudge(batches=1)  # an even count: the lower median (processes: the safe side)
+    assert even.add(0.02, 0.001, reads=4) == ""
+    assert even.add(0.001, 0.001, reads=4) == ""
+    assert even.decided
 
 
 @pytest.mark.timeout(90)
@@ -127,14 +152,17 @@ def test_a_dataset_that_opens_its_file_at_the_first_read_stays_in_processes(work
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("opens", [1, 2])
 @pytest.mark.parametrize("batch_size", [1, 2, 3])
 def test_a_small_batch_after_a_first_read_that_opens_its_file_stays_in_processes(
-    batch_size: int,
+    batch_size: int, opens: int
 ) -> None:
     """Batches too small to read at once are judged as they were read, one after another:
     without the worker's first read, which opened the file (with it, 20 ms against 0.5 ms
-    reads, every batch of one to three samples looked like waiting)."""
-    data = OpensAtFirstRead(n=48, work=0.0005)
+    reads, every batch of one to three samples looked like waiting), and by the median of
+    eight reads or more (the sums of the first two batches went by the second read that
+    waited, where two do: ``opens=2``)."""
+    data = OpensAtFirstRead(n=48, work=0.0005, opens=opens)
     loader = ferry.DataLoader(
         data, batch_size=batch_size, num_workers="auto", multiprocessing_context="fork"
     )

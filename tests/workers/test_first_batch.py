@@ -422,27 +422,6 @@ def test_reads_that_compute_start_the_other_workers_while_worker_0_reads(
     assert loader.stats().engine == "process"
 
 
-class _WaitsTwiceThenComputes(tud.Dataset[int]):
-    """Each process's first two reads wait (a file opened, then its index read; not while
-    ``slow_open`` is False), the rest compute: the first look and the probe both say
-    "waits"."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.opened, self.slow_open = n, 0, True
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> int:
-        if self.opened < 2 and self.slow_open:
-            self.opened += 1
-            time.sleep(0.03)
-        end = time.thread_time() + 0.002
-        while time.thread_time() < end:
-            pass
-        return index
-
-
 @pytest.mark.timeout(60)
 def test_an_epoch_after_one_that_judged_its_reads_to_compute_holds_no_worker_back(
     monkeypatch: pytest.MonkeyPatch,
@@ -453,8 +432,7 @@ def test_an_epoch_after_one_that_judged_its_reads_to_compute_holds_no_worker_bac
     start (before, they were held back until worker 0's first batch was handed out)."""
     events = _record_order(monkeypatch)
     monkeypatch.setattr(switch, "HOLD_FOR", 30.0)
-    dataset = _WaitsTwiceThenComputes(64)
-    dataset.slow_open = False  # (the first epoch computes from its first read: judged so)
+    dataset = OpensAtFirstRead(64, work=0.002, opens=0)  # (epoch 0 computes: judged so)
     loader = ferry.DataLoader(
         dataset, batch_size=16, num_workers="auto", multiprocessing_context="fork"
     )
@@ -462,7 +440,7 @@ def test_an_epoch_after_one_that_judged_its_reads_to_compute_holds_no_worker_bac
     assert loader._plan().hold_workers
     assert [x for b in loader for x in b.tolist()] == list(range(64))
     assert loader.stats().engine == "process"
-    dataset.slow_open = True  # (the next epoch's workers are forked with it)
+    dataset.opens = 2  # (the next epoch's workers are forked with it: two reads wait)
     events.clear()
     iterator = iter(loader)
     assert not loader._plan().hold_workers

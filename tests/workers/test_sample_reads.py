@@ -223,17 +223,20 @@ def test_a_process_workers_reads_count_a_wait_for_a_cpu_as_computing() -> None:
 
 class OpensAtFirstRead(tud.Dataset[int]):
     """The common pattern: a file (HDF5, LMDB) opened at the first read of each process, by
-    whichever read finds it closed, then ``work`` seconds of Python per sample."""
+    whichever read finds it closed, then ``work`` seconds of Python per sample. With
+    ``opens=2`` the second read waits too (the file's index read); ``opens`` may be changed
+    between epochs (the next epoch's workers are forked with it)."""
 
-    def __init__(self, n: int = 256, work: float = 0.001) -> None:
-        self.n, self.work = n, work
+    def __init__(self, n: int = 256, work: float = 0.001, opens: int = 1) -> None:
+        self.n, self.work, self.opens, self.opened = n, work, opens, 0
         self.handle: object | None = None
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int) -> int:
-        if self.handle is None:
+        if self.opened < self.opens:
+            self.opened += 1
             time.sleep(0.02)
             self.handle = object()
         end = time.thread_time() + self.work

@@ -4,8 +4,9 @@ the next batch boundary (:class:`ThreadMove`, which the worker iterator holds).
 
 Two reasons, either enough:
 
-* **Their reads wait.** The first batch of each worker is judged (:class:`WaitJudge`): its wall
-  seconds against the CPU seconds its thread used; or, for a batch whose reads ran at once (a
+* **Their reads wait.** The first batch of each worker, and more up to eight reads, is judged
+  (:class:`WaitJudge`): the median read's wall seconds against the CPU seconds its thread
+  used; or, for a batch whose reads ran at once (a
   process worker's own per-sample reads), what its median read says
   (:meth:`~ferry._engine.work.reads.SampleReads._verdict`; they run at once only after the
   worker's first read, and a probe after it, were read alone and waited, so a first read that
@@ -55,6 +56,7 @@ from ferry._engine.position.track import EpochTrack
 from ferry._engine.schedule import Scheduler
 from ferry._engine.transport.messages import Done
 from ferry._engine.work.aio import is_async_dataset
+from ferry._engine.work.fetch import JUDGED_READS
 from ferry._engine.work.reads import PARALLEL_FROM, SampleReads
 from ferry._validate import available_cpus
 from ferry.stats import StatsRecorder
@@ -79,17 +81,24 @@ DECISIVE_READS = 8
 
 class WaitJudge:
     """Whether process workers wait on their reads (``num_workers="auto"``): from the first
-    ``batches`` batches they make, their wall seconds (fetch and collate) against the CPU
-    seconds their thread used; or from one batch whose reads ran at once, at least
-    :data:`DECISIVE_READS` of them (its worker's watcher saw them wait already, and each read
-    was timed on its own: enough to go by, and the other workers need not start). Decides
-    once; :meth:`add` returns why they should become thread workers, or "" (not yet, or they
-    stay)."""
+    ``batches`` batches they make, holding at least :data:`~ferry._engine.work.fetch.
+    JUDGED_READS` reads, each batch's wall seconds (fetch and collate) against the CPU
+    seconds its thread used, at the median read; or from one batch whose reads ran at once,
+    at least :data:`DECISIVE_READS` of them (its worker's watcher saw them wait already, and
+    each read was timed on its own: enough to go by, and the other workers need not start).
+    Decides once; :meth:`add` returns why they should become thread workers, or "" (not yet,
+    or they stay).
+
+    The median read, not the sums: a read that waits once in a process (its file opened, its
+    index read, a stall of a loaded machine) must not pass for reads that wait. With batches
+    of one to three samples, the sums of the first two batches were one or two such reads:
+    a dataset whose first two reads in each process wait went to threads."""
 
     def __init__(self, batches: int) -> None:
         self.batches = max(batches, 1)
         self.wall = self.cpu = 0.0
         self.seen = self.reads = 0
+        self.ratios: list[tuple[float, int]] = []  # each batch's wall over CPU, and its reads
         self.decided = False
 
     def per_read(self) -> tuple[float, float] | None:
@@ -107,10 +116,12 @@ class WaitJudge:
         self.cpu += cpu
         self.reads += reads
         self.seen += 1
-        if self.seen < self.batches and not (at_once and reads >= DECISIVE_READS):
+        self.ratios.append((wall / max(cpu, 1e-7), reads))
+        decisive = at_once and reads >= DECISIVE_READS
+        if not decisive and (self.seen < self.batches or self.reads < JUDGED_READS):
             return ""
         self.decided = True
-        ratio = self.wall / max(self.cpu, 1e-7)
+        ratio = self.ratios[-1][0] if decisive else _median_read(self.ratios)
         if ratio < PARALLEL_FROM:
             return ""
         return (
@@ -118,6 +129,18 @@ class WaitJudge:
             f"workers' reads took {ratio:.0f}x the CPU time they used (they wait), and "
             "thread workers read the samples of a batch at once"
         )
+
+
+def _median_read(ratios: list[tuple[float, int]]) -> float:
+    """The ratio of the median read, each batch's ``(ratio, reads)`` counting for its reads
+    (the lower median of an even count: staying in processes is the safe side)."""
+    total = sum(reads for _, reads in ratios)
+    seen = 0
+    for ratio, reads in sorted(ratios):
+        seen += reads
+        if 2 * seen >= total:
+            return ratio
+    return 0.0  # (no batch)
 
 
 class ThreadSwitch:

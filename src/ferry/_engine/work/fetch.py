@@ -58,8 +58,10 @@ class Timing(NamedTuple):
         return self.fetch_s + self.collate_s
 
 
-# The batches whose CPU time a fetcher measures: the first CPU_FIRST, then one in CPU_SAMPLE.
+# The batches whose CPU time a fetcher measures: the first CPU_FIRST, and more until they held
+# JUDGED_READS samples (num_workers="auto" judges that many at least), then one in CPU_SAMPLE.
 CPU_FIRST = 2
+JUDGED_READS = 8
 CPU_SAMPLE = 16
 
 # What an engine hands on in place of a batch that BatchDropped ended.
@@ -102,15 +104,17 @@ class _TimedFetch:
     # parallel reads, only its own share): against fetch_s + collate_s, how much it waited.
     # Measured for the first batches and one in CPU_SAMPLE after (a CPU clock read is a system
     # call, 0.4 us, a real share of the cheapest batches); -1 for a batch not measured. The
-    # first CPU_FIRST, which num_workers="auto" judges (do the reads wait? switch.WaitJudge),
-    # also count the time the thread waited for a CPU (reads.busy_of, about 10 us a read): on
-    # a machine with more runnable threads than CPUs that wait is not a read that waits, and
-    # counted as one it would move CPU-bound work to threads.
+    # first CPU_FIRST, and more until they held JUDGED_READS samples, which num_workers="auto"
+    # judges (do the reads wait? switch.WaitJudge), also count the time the thread waited for
+    # a CPU (reads.busy_of, about 10 us a read): on a machine with more runnable threads than
+    # CPUs that wait is not a read that waits, and counted as one it would move CPU-bound work
+    # to threads.
     cpu_s = -1.0
     # Of a measured batch whose reads ran at once on other threads: their wall and CPU
     # seconds, summed, and their count (SampleReads.last_parallel); None otherwise.
     parallel: tuple[float, float, int] | None = None
     _fetched = 0
+    _judged = 0  # samples of the batches measured for the judge so far
     outcome: Outcome = (0, ())
 
     def _dropped(self, index: Any, exc: BaseException, stream: bool) -> SkippedSample:
@@ -151,10 +155,13 @@ class MapFetcher(_TimedFetch):
 
     def fetch(self, key: Any) -> Any:
         self._fetched += 1
-        if self._fetched > CPU_FIRST and self._fetched % CPU_SAMPLE:
+        judged = self._fetched <= CPU_FIRST or self._judged < JUDGED_READS
+        if not judged and self._fetched % CPU_SAMPLE:
             self.cpu_s, self.parallel = -1.0, None
             return self._fetch(key)
-        clock = busy_of if self._fetched <= CPU_FIRST else thread_time
+        if judged:
+            self._judged += len(key) if self.auto_collation and hasattr(key, "__len__") else 1
+        clock = busy_of if judged else thread_time
         cpu = clock()
         try:
             return self._fetch(key)

@@ -668,7 +668,8 @@ class SampleReads:
             self._measured(wall / count, cpu / count)
             return wall, cpu, count
         busy = sum(t[1] for t in measured)
-        median = sorted(t[0] / max(t[1], 1e-7) for t in measured)[count // 2]
+        # (the lower median of an even count: the probe's, of a probe and one read, is not it)
+        median = sorted(t[0] / max(t[1], 1e-7) for t in measured)[(count - 1) // 2]
         if median < PARALLEL_FROM:  # they compute: one read took about the median's share
             wall = min(wall, median * busy)
         self._measured(wall / count, busy / count, anew=median < PARALLEL_FROM)
