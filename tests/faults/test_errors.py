@@ -4,6 +4,7 @@ Objects that cannot be sent to spawn/forkserver workers are named, and no proces
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import warnings
@@ -277,7 +278,7 @@ def _fail_in_worker_1(worker_id: int) -> None:
     ids=["whole-epoch-dispatched", "loop-breaks"],
 )
 def test_persistent_workers_replaced_after_an_error_keep_torchs_seeds_and_order(
-    samples: int, on_error: str, epochs: int
+    samples: int, on_error: str, epochs: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch's persistent workers outlive a failed ``worker_init_fn`` (the failed one serves
     later epochs uninitialized); ferry's iterator is over after the error, and the next epoch
@@ -317,7 +318,12 @@ def test_persistent_workers_replaced_after_an_error_keep_torchs_seeds_and_order(
         loader._iterator = None  # stops the persistent workers now, torch's as ferry's
         return firsts
 
+    # torch's workers do not answer its shutdown here (their persistent iterator is collected
+    # with the error's traceback), and it waits MP_STATUS_CHECK_INTERVAL for each before it
+    # terminates them: 10 s of the suite's time for two workers, at the no_leftovers check.
+    monkeypatch.setattr(tud._utils, "MP_STATUS_CHECK_INTERVAL", 0.2)
     assert first_batch_of_each_epoch(ferry) == first_batch_of_each_epoch(tud)
+    gc.collect()  # (torch's iterator goes now, while its wait is short)
 
 
 # -- what cannot be sent to a spawn/forkserver worker --------------------------------------------
