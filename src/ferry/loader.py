@@ -474,11 +474,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
             reported_length=self._IterableDataset_len_called,
             snapshot_every=self.snapshot_every_n_steps,
             threads_if_waiting=self._tuner is not None and self.worker_type == "process",
-            hold_workers=(
-                self._tuner is not None
-                and self.worker_type == "process"
-                and not self._tuner.reads_compute
-            ),
+            hold_workers=self._tuner is not None and not self._tuner.reads_compute,
             balance_workers=self.balance_workers,
             failures=FailurePolicy.from_options(
                 self.on_error, self.max_errors, self.max_worker_restarts, self.stall_warning

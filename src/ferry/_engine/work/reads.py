@@ -632,10 +632,11 @@ class SampleReads:
             for future in futures:
                 future.cancel()
             raise
-        span = self._clocks.wall() - began
         measured = [*times, also] if also is not None else times
         if measured:
-            self._last.parallel = self._verdict(measured, _filled(times, span))
+            # (the fill matters only to a process worker's own reads: see _verdict)
+            filled = _filled(times, self._clocks.wall() - began) if self._alone else 0.0
+            self._last.parallel = self._verdict(measured, filled)
         return results
 
     def _verdict(self, measured: list[Timed], filled: float = 0.0) -> tuple[float, float, int]:
@@ -670,10 +671,11 @@ class SampleReads:
         busy = sum(t[1] for t in measured)
         # (the lower median of an even count: the probe's, of a probe and one read, is not it)
         median = sorted(t[0] / max(t[1], 1e-7) for t in measured)[(count - 1) // 2]
-        if median < PARALLEL_FROM:  # they compute: one read took about the median's share
+        computes = median < PARALLEL_FROM
+        if computes:  # one read took about the median's share
             wall = min(wall, median * busy)
-        self._measured(wall / count, busy / count, anew=median < PARALLEL_FROM)
-        if median >= PARALLEL_FROM and filled >= GIL_FILLED:
+        self._measured(wall / count, busy / count, anew=computes)
+        if not computes and filled >= GIL_FILLED:  # (the averages stay as measured)
             return min(wall, busy), busy, count
         return wall, busy, count
 
