@@ -602,3 +602,19 @@ def test_persistent_workers_keep_their_reads_until_the_loader_lets_go() -> None:
     assert _reads_alive()
     loader._iterator = None
     assert _wait_no_reads() == []
+
+
+def test_a_look_at_the_reads_in_flight_leaves_no_cycle_behind() -> None:
+    """A stall report, and every process worker's answer to Stop, look at the pool's reads
+    through ``sys._current_frames()``, whose dict holds the looking frame itself: kept in a
+    local, it made a cycle that held every thread's frames, and their locals (a worker's
+    dataset, which a spawned worker must let go of when its loop ends), until a collection."""
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        assert reads_module.reads_serving(threading.get_ident()) == []
+        assert gc.collect() == 0
+    finally:
+        if collecting:
+            gc.enable()

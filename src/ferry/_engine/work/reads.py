@@ -86,19 +86,24 @@ def reads_serving(thread_id: int) -> list[tuple[Any, traceback.StackSummary]]:
     from the dataset's call down (the pool's own frames left out)."""
     current = sys._current_frames()
     found = []
-    for reader, (owner, key, base) in list(_SERVING.items()):
-        frame = current.get(reader)
-        if owner != thread_id or frame is None:
-            continue
-        chain = []
-        while frame is not None and frame is not base:
-            chain.append(frame)
-            frame = frame.f_back
-        if frame is base:  # (else the read ended meanwhile)
-            found.append(
-                (key, traceback.StackSummary.extract((f, f.f_lineno) for f in reversed(chain)))
-            )
-    return found
+    try:
+        for reader, (owner, key, base) in list(_SERVING.items()):
+            frame = current.get(reader)
+            if owner != thread_id or frame is None:
+                continue
+            chain = []
+            while frame is not None and frame is not base:
+                chain.append(frame)
+                frame = frame.f_back
+            if frame is base:  # (else the read ended meanwhile)
+                found.append(
+                    (key, traceback.StackSummary.extract((f, f.f_lineno) for f in reversed(chain)))
+                )
+        return found
+    finally:
+        # The frames hold this one, which holds them: a cycle that would keep every frame of
+        # every thread, and their locals (a worker's dataset), until the next collection.
+        del current
 
 
 def busy_of(thread: threading.Thread | None = None) -> float:
