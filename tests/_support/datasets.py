@@ -131,6 +131,26 @@ class SendsLambda(Indices):
         return (index, lambda: index)
 
 
+class Finalized:
+    """Map-style ``0..n-1``; when a copy of it is finalized, a line goes to ``log``: the pid
+    of the process and whether ferry's and torch's ``get_worker_info`` answered None there."""
+
+    def __init__(self, n: int, log: str) -> None:
+        self.n = n
+        self.log = log
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    def __del__(self) -> None:
+        infos = (ferry.get_worker_info(), tud.get_worker_info())
+        with open(self.log, "a") as log:
+            log.write(f"{os.getpid()} {all(info is None for info in infos)}\n")
+
+
 class Probe:
     """Map-style: what the worker fetching ``index`` knows about itself."""
 

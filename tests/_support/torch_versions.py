@@ -1,15 +1,17 @@
 """Tests whose oracle is a behaviour older torch releases lack.
 
 ferry behaves as torch 2.13 does (the development pin), whatever torch it runs with
-(``pyproject.toml`` accepts torch 2.1 and later). Most tests compare ferry with the installed
+(``pyproject.toml`` accepts torch 2.1 and later), and as 2.14 in the one thing 2.14 and 2.15
+changed: a process worker lets go of its dataset when its loop ends (a test compares that with
+torch's workers where torch is 2.14 or later). Most tests compare ferry with the installed
 torch, so on an older torch a few compare ferry with a behaviour that torch did not have yet
 (``DataLoader(in_order=...)``, a message reworded, a type kept by collation), or call a torch
 API that did not exist yet. Each is marked :func:`needs_torch`: on an older torch it is skipped,
 with a reason the skip guard accepts (``tests/conftest.py``); everything else runs there too.
 
 ``version`` is the oldest release the suite was run on that has the behaviour: the suite ran
-on 2.1.2, 2.5.1, 2.6.0, 2.9.1 and 2.13.0 (``scripts/test_torch.sh VERSION``; the releases in
-between were not tried, so a behaviour marked 2.13 may have come in 2.10 to 2.12).
+on 2.1.2, 2.5.1, 2.6.0, 2.9.1, 2.13.0 and 2.15.0 (``scripts/test_torch.sh VERSION``; the
+releases in between were not tried, so a behaviour marked 2.13 may have come in 2.10 to 2.12).
 """
 
 from __future__ import annotations

@@ -7,10 +7,12 @@ Python's ``random``) give torch's numbers.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import threading
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +23,7 @@ import ferry
 from _support import datasets as ds
 from _support.numpy_run import HAS_NUMPY, needs_numpy
 from _support.processes import FAST, PROCESSES, Kind, worker_pids
-from _support.torch_versions import needs_torch
+from _support.torch_versions import TORCH, needs_torch
 from ferry._core import rng
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -244,3 +246,40 @@ def test_persistent_workers_keep_their_rng_between_epochs(kind: Kind) -> None:
     fields = ("seed", "random", "torch", "calls")
     for want, have in zip(expected[0] + expected[1], first + second, strict=True):
         assert {f: have[f] for f in fields} == {f: want[f] for f in fields}
+
+
+def _finalized_in_workers(module: Any, kind: Kind, persistent: bool, log: Path) -> list[str]:
+    """Two epochs of a :class:`~_support.datasets.Finalized` through ``module``'s loader with
+    2 workers, then the loader dropped: the lines its copies wrote outside this process."""
+    loader = module.DataLoader(
+        ds.Finalized(8, str(log)),
+        batch_size=2,
+        num_workers=NUM_WORKERS,
+        persistent_workers=persistent,
+        **kind.kwargs,
+    )
+    for _ in range(2):
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    del loader
+    gc.collect()
+    lines = log.read_text().split("\n") if log.exists() else []
+    return [line.split()[1] for line in lines if line and int(line.split()[0]) != os.getpid()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+@pytest.mark.parametrize("kind", PROCESSES, indirect=True)
+def test_a_worker_lets_go_of_its_dataset_when_its_loop_ends(
+    kind: Kind, persistent: bool, tmp_path: Path
+) -> None:
+    """As torch's workers since 2.14: when a worker's loop ends, ``get_worker_info()`` says
+    None and the worker holds its dataset no more, so a spawned or forkserver worker, whose
+    copy nothing else holds, finalizes it then (closing what ``__del__`` closes) while its
+    interpreter is whole. A forked worker's copy is also held by the main process's objects
+    it inherited: not finalized there, in either loader."""
+    finalized = _finalized_in_workers(ferry, kind, persistent, tmp_path / "ferry")
+    workers_started = NUM_WORKERS * (1 if persistent else 2)
+    expected = [] if kind.name == "fork" else ["True"] * workers_started
+    assert finalized == expected
+    if TORCH >= (2, 14):  # torch's own workers do the same from 2.14
+        assert _finalized_in_workers(tud, kind, persistent, tmp_path / "torch") == expected

@@ -567,6 +567,17 @@ def process_worker_main(config: WorkerConfig, conn: Connection) -> None:
     finally:
         if slabs is not None:
             slabs.close()
+        _let_go_of_the_dataset(config)
+
+
+def _let_go_of_the_dataset(config: WorkerConfig) -> None:
+    """A process worker's loop is over: ``get_worker_info()`` answers None from here on, and
+    the worker holds its dataset no more. Where nothing else in the process holds it (a
+    spawned or forkserver worker; a forked one shares the main process's references) it is
+    finalized now, its ``__del__`` and finalizers run while the interpreter is whole, as in
+    torch's workers since 2.14 (before, the process object's arguments kept it to the end)."""
+    set_process_worker_info(None)
+    object.__setattr__(config, "dataset", None)  # (frozen for the loop; the loop is over)
 
 
 def thread_worker_main(
