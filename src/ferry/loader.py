@@ -167,6 +167,9 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
         self.balance_workers = balance_workers
+        # num_workers="auto" made the workers threads because their reads waited (see
+        # _retune): they become processes again if they turn out bound by the GIL.
+        self._threads_for_waits = False
         if num_workers > 0:
             # What the first iter() would do once per process, done here instead of on the
             # way to the first batch: the worker engine's modules (about 13 ms), and numpy's
@@ -353,13 +356,27 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         if track is None or not track.finished or self._resume.pending is not None:
             return
         # The workers of the last epoch became threads when their reads waited: the next
-        # epochs start with threads (see ThreadMove.move in _engine/tuning/switch.py).
+        # epochs start with threads (see ThreadMove.move in _engine/tuning/switch.py). Thread
+        # workers chosen so that were found bound by the GIL become processes again.
         switched = track.switched if track.plan.worker_type != self.worker_type else ""
+        if switched and not track.switched_for_memory:
+            self._threads_for_waits = True
         current = (self.num_workers, self.prefetch_factor)
-        chosen = self._tuner.after_epoch(self.stats(), current)
-        if switched:
+        stats = self.stats()
+        gil_bound = self._tuner.gil_bound(stats) if self._threads_for_waits else ""
+        if gil_bound:
+            chosen = self._tuner.back_to_processes(current, gil_bound)
+            self.worker_type = "process"
+            self._threads_for_waits = False
+        else:
+            chosen = self._tuner.after_epoch(stats, current)
+        if switched and not gil_bound:
             self.worker_type = "thread"
+        if switched:
             self._tuner.reason = f"{switched}; {self._tuner.reason}"
+        if gil_bound and self._live_iterator is not None:  # (persistent thread workers go)
+            self._resume.carry_over()
+            self._replace_iterator(None)
         if chosen != current:
             # Persistent workers are replaced; the next epoch begins as theirs would have (a
             # fresh iterator would draw another base seed, and shuffle differently).
@@ -473,7 +490,12 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
             buffer_pool=self._buffer_pool(),
             reported_length=self._IterableDataset_len_called,
             snapshot_every=self.snapshot_every_n_steps,
-            threads_if_waiting=self._tuner is not None and self.worker_type == "process",
+            reads_at_once=self._tuner is not None and self.worker_type == "process",
+            threads_if_waiting=(
+                self._tuner is not None
+                and self.worker_type == "process"
+                and not self._tuner.threads_refused
+            ),
             hold_workers=self._tuner is not None and not self._tuner.reads_compute,
             balance_workers=self.balance_workers,
             failures=FailurePolicy.from_options(

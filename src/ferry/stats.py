@@ -99,6 +99,10 @@ class LoaderStats:
     # many times its CPU time a read waits (0: not measured: process workers, inline).
     concurrency: int = 0
     read_wait_ratio: float = 0.0
+    # Thread workers' shared reads: the CPU seconds they took this epoch, over how many
+    # seconds of wall time (from when the reads began to the epoch's end; 0: not measured).
+    read_cpu_s: float = 0.0
+    read_span_s: float = 0.0
     # CPU seconds the fetching threads used for fetch and collate (map-style; per-sample
     # parallel reads count only the fetching thread's share): against fetch_s + collate_s,
     # how much of making a batch was waiting (``made_per_cpu``).
@@ -257,6 +261,11 @@ class ReadsView(Protocol):
         """A read's wall seconds over its CPU seconds, as measured."""
         ...
 
+    @property
+    def cpu_seconds(self) -> float:
+        """The CPU seconds every read took so far (0: not measured)."""
+        ...
+
 
 class SharedMemoryView(Protocol):
     """What the statistics read of the shared memory that process workers' batches hold in the
@@ -278,6 +287,7 @@ class StatsRecorder:
     seconds of :func:`time.perf_counter`) is a parameter for tests."""
 
     __slots__ = (
+        "_reads",
         "batches",
         "busy",
         "clock",
@@ -293,7 +303,7 @@ class StatsRecorder:
         "memory_faults",
         "memory_first",
         "memory_latest",
-        "reads",
+        "reads_from",
         "ready",
         "shared",
         "skipped",
@@ -327,12 +337,23 @@ class StatsRecorder:
         self.memory_faults = [-1] * num_workers
         # Thread workers' shared per-sample reads (or an async dataset's), if any; process
         # workers' channel, which says what shared memory their batches hold here. The engine
-        # sets them as the epoch begins; the recorder only reads them.
-        self.reads: ReadsView | None = None
+        # sets them as the epoch begins (or as the workers become threads); the recorder only
+        # reads them.
+        self._reads: ReadsView | None = None
+        self.reads_from = (0.0, 0.0)  # the reads' CPU seconds and the clock when they were set
         self.shared: SharedMemoryView | None = None
         # CPU seconds the threads that made the measured batches used making them, and the
         # wall seconds those batches took (fetch and collate): see fetch.CPU_SAMPLE.
         self.cpu = self.cpu_made = 0.0
+
+    @property
+    def reads(self) -> ReadsView | None:
+        return self._reads
+
+    @reads.setter
+    def reads(self, reads: ReadsView | None) -> None:
+        self._reads = reads
+        self.reads_from = (reads.cpu_seconds if reads is not None else 0.0, self.clock())
 
     # -- what the stages tell it -------------------------------------------------------------
 
@@ -462,9 +483,15 @@ class StatsRecorder:
             concurrency = min(
                 concurrency * self.reads.peak_width, max(self.reads.limit, concurrency)
             )
+        read_cpu = read_span = 0.0
+        if self.reads is not None and self.reads.cpu_seconds:
+            read_cpu = max(self.reads.cpu_seconds - self.reads_from[0], 0.0)
+            read_span = max(end - max(self.reads_from[1], self.started), 0.0)
         return LoaderStats(
             concurrency=concurrency,
             read_wait_ratio=self.reads.ratio if self.reads is not None else 0.0,
+            read_cpu_s=read_cpu,
+            read_span_s=read_span,
             cpu_s=self.cpu,
             cpu_made_s=self.cpu_made,
             engine=engine,

@@ -10,6 +10,7 @@ state of their own, stay in processes.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -20,8 +21,9 @@ import torch
 import torch.utils.data as tud
 
 import ferry
+from _support.processes import worker_pids
 from _support.resume import assert_resumes_exactly
-from ferry._engine.tuning import switch
+from ferry._engine.tuning import autotune, switch
 from ferry._engine.tuning.switch import WaitJudge
 from ferry._engine.work.reads import PARALLEL_FROM, SampleReads
 from workers.test_sample_reads import OpensAtFirstRead, Waiting, _wait_no_reads
@@ -56,6 +58,30 @@ class Counted(Waiting):
 # Reads that wait this long: a waiting worker's wake-ups on a loaded machine (time spent ready
 # to run, which the judge counts as computing) stay small beside it.
 SLOW = 0.02
+
+
+class WaitsThenComputes(tud.Dataset[int]):
+    """Sample ``i`` is ``i``: the first ``waits`` reads in each process wait (``SLOW``: files
+    opened and a cache filled over the network, say), every later one computes ``work`` seconds
+    of Python, holding the GIL. The judge sees the first reads wait."""
+
+    def __init__(self, n: int, waits: int, work: float) -> None:
+        self.n, self.waits, self.work = n, waits, work
+        self.reads: dict[int, int] = {}  # per process (threads may race and lose a count)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        count = self.reads.get(os.getpid(), 0)
+        self.reads[os.getpid()] = count + 1
+        if count < self.waits:
+            time.sleep(SLOW)
+            return index
+        end = time.thread_time() + self.work
+        while time.thread_time() < end:
+            pass
+        return index
 
 
 def _auto(dataset: Any, **kwargs: Any) -> ferry.DataLoader[Any]:
@@ -263,3 +289,38 @@ def test_reads_measured_elsewhere_run_at_once_from_the_first_read() -> None:
     assert reads.width == 64  # the ratio (100), at most the pool: no first read alone
     assert WaitJudge(batches=1).per_read() is None
     assert SampleReads().width == 1
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_thread_workers_found_bound_by_the_gil_are_processes_again(
+    persistent: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The judge took the first reads' wait for every read's and made the workers threads;
+    the rest computed, holding the GIL the threads share, while the loop waited: the next
+    epoch has process workers again, and keeps them (the next processes' first reads wait
+    too, and no judge moves them). The batches are the same throughout.
+
+    Their reads take 0.8-0.9 CPU seconds a second on 2 idle cores, but about 0.5 beside three
+    CPU burners (a thread that holds the GIL waits for a CPU too, which its CPU clock does not
+    count): the bound is lowered here so that a loaded machine runs the same path; the bound
+    itself is test_autotune.py's."""
+    monkeypatch.setattr(autotune, "GIL_BOUND", 0.3)
+    data = WaitsThenComputes(n=320, waits=16, work=0.002)
+    want = list(range(320))
+    loader = _auto(data, persistent_workers=persistent)
+    assert [x for b in loader for x in b.tolist()] == want
+    first = loader.stats()
+    assert first.engine == "thread"
+    assert first.read_cpu_s >= autotune.GIL_BOUND * first.read_span_s > 0
+    iterator = iter(loader)
+    assert loader.worker_type == "process"
+    assert all(pid is not None for pid in worker_pids(iterator))
+    assert [x for b in iterator for x in b.tolist()] == want
+    del iterator
+    stats = loader.stats()
+    assert stats.engine == "process"
+    assert "bound by the one GIL they share" in stats.tuning
+    assert [x for b in loader for x in b.tolist()] == want
+    assert loader.stats().engine == "process"
+    assert loader.worker_type == "process"

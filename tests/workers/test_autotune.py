@@ -622,3 +622,30 @@ def test_state_dict_resumes_into_a_fresh_auto_loader(kind: Kind) -> None:
     resumed.load_state_dict(state)
     assert_same(rest, list(resumed))
     assert_same(reference(shuffle=True)[1][10:], rest)
+
+
+def test_thread_workers_bound_by_the_gil_are_processes_again() -> None:
+    """Thread workers that "auto" chose for reads that wait, whose reads then held the GIL most
+    of the time while the loop waited (reads that compute in Python, which the judge can take
+    for reads that wait), are processes again: one GIL each. Not when the reads left the GIL
+    mostly free, on one CPU, on an epoch too short to judge, or for process workers."""
+    from dataclasses import replace
+
+    behind = replace(behind_and_busy(2, worker_ms=20, loop_ms=0), engine="thread")
+    held = replace(behind, read_cpu_s=0.9 * behind.wall_s, read_span_s=behind.wall_s)
+    assert held.bottleneck == "loader"
+    chosen = tuner(cpus=8)
+    why = chosen.gil_bound(held)
+    assert "bound by the one GIL they share" in why
+    assert "0.90 CPU seconds a second" in why
+    assert chosen.back_to_processes((16, 2), why) == (8, 2)  # (one per CPU at most)
+    assert chosen.threads_refused
+    assert "process workers again" in chosen.reason
+    assert tuner(num_workers=12, cpus=8).back_to_processes((12, 2), why) == (12, 2)  # (fixed)
+    free = replace(held, read_cpu_s=0.3 * behind.wall_s)
+    ahead = replace(held, waited=0, wait_s=0.0)
+    assert ahead.bottleneck == "training loop"
+    short = replace(held, batches=autotune.MIN_BATCHES - 1, waited=autotune.MIN_BATCHES - 2)
+    processes = replace(held, engine="process")
+    for stats, cpus in ((free, 8), (ahead, 8), (short, 8), (processes, 8), (held, 1)):
+        assert tuner(cpus=cpus).gil_bound(stats) == ""

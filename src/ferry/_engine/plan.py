@@ -52,8 +52,12 @@ class EpochPlan:
     snapshot_every: int = 1
     # on_error, max_errors, max_worker_restarts, stall_warning
     failures: FailurePolicy = field(default_factory=FailurePolicy)
-    # num_workers="auto" with process workers: they may give way to thread workers within the
-    # epoch when the reads are measured to wait (see ThreadMove.move in tuning/switch.py).
+    # num_workers="auto" with process workers: each reads a batch's samples at once on a pool
+    # of its own where they wait (reads.py, alone) ...
+    reads_at_once: bool = False
+    # ... and they may give way to thread workers within the epoch when the reads are measured
+    # to wait (see ThreadMove.move in tuning/switch.py): not once the loader found such
+    # threads bound by the GIL (Tuner.gil_bound).
     threads_if_waiting: bool = False
     # ... and the workers after the first are held back until worker 0's first read is judged
     # (see HeldWorkers): not once an earlier epoch of the loader judged its reads to compute.

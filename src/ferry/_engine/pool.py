@@ -131,7 +131,7 @@ class WorkerIterator(LoaderIterator):
                 replay=start.replay_with(recovered) if start and crew.replays else (),
                 report_start=crew.replays,
                 reads=crew.group.reads,
-                read_limit=POOL_LIMIT // plan.num_workers if self._auto.switch.active else 0,
+                read_limit=POOL_LIMIT // plan.num_workers if self._auto.switch.reads_alone else 0,
             )
             for i, start in enumerate(starts)
         ]

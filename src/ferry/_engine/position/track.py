@@ -117,8 +117,10 @@ class EpochTrack:
         self.loaded: Cursor | None = None  # the cursor this epoch was resumed from
         self.yielded = 0  # batches handed out by this iterator in this epoch
         self.finished = False  # StopIteration was raised
-        # What num_workers="auto" changed within the epoch, and why ("": nothing).
+        # What num_workers="auto" changed within the epoch, and why ("": nothing); and whether
+        # it was for the workers' memory (else their reads waited).
         self.switched = ""
+        self.switched_for_memory = False
         # num_workers="auto" judged the process workers' reads to compute (they stay): the
         # loader's next epochs do not hold workers back for a first look (see HeldWorkers).
         self.reads_compute = False
@@ -143,11 +145,13 @@ class EpochTrack:
         if began is not None:
             self.workers[worker_id] = began
 
-    def moved_to(self, plan: EpochPlan, why: str) -> None:
-        """``num_workers="auto"`` moved the epoch to other workers (``plan``), for ``why``; no
-        worker's position moves (only a dataset with no state of its own moves)."""
+    def moved_to(self, plan: EpochPlan, why: str, for_memory: bool = False) -> None:
+        """``num_workers="auto"`` moved the epoch to other workers (``plan``), for ``why`` (the
+        workers' memory, or their reads that wait); no worker's position moves (only a dataset
+        with no state of its own moves)."""
         self.plan = plan
         self.switched = why
+        self.switched_for_memory = for_memory
 
     def resumed_from(self, cursor: Cursor | None) -> None:
         """This epoch was resumed from ``cursor`` (None: it was not): saved as it is until a

@@ -35,6 +35,11 @@ stayed ahead; a trial that fails is undone. The tuner stops for good at the firs
 nothing is to change, after undoing a trial, or when it would go back to a setting it left, so
 a run's settings are stable after a few epochs and the tuner cannot oscillate.
 
+**Threads bound by the GIL.** Thread workers that ``num_workers="auto"`` chose because the
+first reads waited (tuning/switch.py) are process workers again from the next epoch, for good,
+when that epoch shows their reads held the GIL they share while the loader was behind
+(:meth:`Tuner.gil_bound`, :data:`GIL_BOUND`): the judge saw only the first reads.
+
 **Batches are never changed.** Settings change only between epochs. For a map-style dataset,
 batch ``i`` is made from the sampler's key ``i`` whatever the number of workers, so the batches
 and their order (in order mode) are the same. A stream (iterable-style dataset) is read by each
@@ -95,6 +100,11 @@ WAITING_THREAD_CAP = 16
 """Thread workers rule 1 may reach, whatever the CPU count, when their reads wait (each already
 reads a batch's samples at once; more of them overlap the batches): a trial keeps only what is
 faster."""
+
+GIL_BOUND = 0.6
+"""Thread workers whose reads took this many CPU seconds per second of wall time or more,
+with the loader behind, were bound by the one GIL they share: process workers, one GIL each, do
+better wherever there are two CPUs or more (:meth:`Tuner.gil_bound`)."""
 
 Goal = Literal["faster", "leaner"]
 
@@ -163,6 +173,9 @@ class Tuner:
         # num_workers="auto"'s process workers: an epoch judged their reads to compute, so the
         # next ones start every worker at once (see HeldWorkers in switch.py).
         self.reads_compute = False
+        # Thread workers that "auto" chose were found bound by the GIL and became processes
+        # again: the loader's epochs stay with processes (no judge moves them to threads).
+        self.threads_refused = False
 
     @classmethod
     def for_options(
@@ -268,6 +281,44 @@ class Tuner:
             f"{_text(step.setting)} (on trial after epoch {self._epochs}): {verdict}{step.why}"
         )
         return step.setting
+
+    def gil_bound(self, stats: LoaderStats) -> str:
+        """Why thread workers that ``num_workers="auto"`` chose for reads that wait should be
+        processes again ("": they stay): the epoch ``stats`` was long enough to judge, the
+        loader was behind, there are two CPUs or more, and the reads took at least
+        :data:`GIL_BOUND` CPU seconds a second: they held the GIL the threads share (reads that
+        wait hold it for a small share of their time; reads that compute in Python, which the
+        judge can mistake for them, hold it all along)."""
+        if stats.engine != "thread" or stats.batches < MIN_BATCHES or self._limit < 2:
+            return ""
+        if stats.bottleneck != "loader" or stats.read_span_s <= 0:
+            return ""
+        share = stats.read_cpu_s / stats.read_span_s
+        if share < GIL_BOUND:
+            return ""
+        return (
+            f"the thread workers' reads took {share:.2f} CPU seconds a second, at least "
+            f"{GIL_BOUND}, while the loop waited for {stats.waited} of {stats.batches} "
+            f"batches: they were bound by the one GIL they share, so they are process workers "
+            f"again ({self._cpus_text}), for good"
+        )
+
+    def back_to_processes(
+        self, current: tuple[int, int | None], why: str
+    ) -> tuple[int, int | None]:
+        """Thread workers become processes again for ``why`` (see :meth:`gil_bound`): the
+        setting of the next epoch, whose worker count is at most one per CPU when "auto" chose
+        it (thread workers whose reads wait may be more); any change on trial is dropped, as
+        the kind of worker it was tried with is gone."""
+        self.threads_refused = True
+        self._trial = None
+        self._epochs += 1
+        workers, prefetch = current
+        assert prefetch is not None  # "auto" always loads with workers
+        if self._tuned_workers:
+            workers = min(workers, self._limit)
+        self.reason = f"{_text((workers, prefetch))} (after epoch {self._epochs}): {why}"
+        return workers, prefetch
 
     def _judge(self, trial: _Trial, setting: Setting, stats: LoaderStats) -> tuple[bool, str]:
         """Whether the change to ``setting`` met its goal in ``stats``, and a sentence why."""

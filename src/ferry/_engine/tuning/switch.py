@@ -17,6 +17,10 @@ Two reasons, either enough:
   objects, projected to the end of the epoch (:func:`ferry._core.memory.growth_verdict`;
   docs/design/memory.md).
 
+The move is for good unless the threads, chosen because the reads waited, turn out bound by the
+GIL at the end of an epoch: then the loader's next epochs have process workers again, and no
+judge runs (``Tuner.gil_bound``, in loader._retune).
+
 Only for a map-style dataset with no state of its own (a process worker's state could not move
 into the shared object), not a stream (its workers' kind decides its shards), not an async
 dataset (its process workers already keep a batch's reads in flight at once).
@@ -149,14 +153,17 @@ class ThreadSwitch:
     def __init__(self, plan: EpochPlan, copies: bool, replays: bool) -> None:
         """``copies``: each worker holds its own copy of the dataset (process workers);
         ``replays``: resumed workers fetch keys again (see WorkerCursor.since)."""
-        self.active = (
-            plan.threads_if_waiting
+        # The process workers read at once on pools of their own where the reads wait, and
+        # whether they may become threads.
+        self.reads_alone = (
+            plan.reads_at_once
             and copies
             and not plan.iterable_style
             and not replays
             and not snapshots_itself(plan.dataset)
             and not is_async_dataset(plan.dataset)
         )
+        self.active = self.reads_alone and plan.threads_if_waiting
         self.judge = WaitJudge(batches=plan.num_workers)
         # The memory the system could give, and the most the workers could copy (each all of
         # the main process's resident anonymous memory), as the epoch begins.
@@ -164,6 +171,7 @@ class ThreadSwitch:
         main = resident_anon_bytes() if self.active else -1
         self._ceiling = main * plan.num_workers if main >= 0 else -1
         self.why = ""  # why the workers should become threads now ("": they stay)
+        self.for_memory = False  # ... and whether it is their memory (else: their reads wait)
 
     def after(self, done: Done, key: Any, stats: StatsRecorder, epoch: Callable[[], int]) -> None:
         """A process worker's batch arrived (its figures are in ``stats`` already); ``epoch``
@@ -172,6 +180,7 @@ class ThreadSwitch:
             return
         if done.memory >= 0:
             self.why = self._memory(stats, epoch)
+            self.for_memory = bool(self.why)
         if self.why or self.judge.decided:
             return
         if done.reads is not None:  # what its reads took, one by one (see last_parallel)
@@ -272,7 +281,7 @@ class ThreadMove:
         keep_made = crew.pinner is None
         crew.stop()  # the process workers stop
         plan = replace(track.plan, worker_type="thread")
-        track.moved_to(plan, why)
+        track.moved_to(plan, why, for_memory=self.switch.for_memory)
         threads: Crew[Any] = Crew(owner, ThreadWorkers())
         # The thread workers' reads run at once from the first: the judge measured them.
         threads.group.reads = SampleReads(measured=self.switch.judge.per_read())

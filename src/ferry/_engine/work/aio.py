@@ -122,6 +122,7 @@ class AsyncReads:
     :class:`~ferry._engine.work.fetch.MapFetcher`."""
 
     ratio = 0.0  # (statistics: the wait over CPU of a read is not measured on a loop)
+    cpu_seconds = 0.0  # (nor its CPU)
 
     def __init__(self, limit: int = IN_FLIGHT) -> None:
         self.limit = limit

@@ -390,6 +390,12 @@ class SampleReads:
         self.cpu: float | None = None
         self.width = 1
         self.peak_width = 1  # the most reads of one batch run at once (for the statistics)
+        # CPU seconds every read took so far, on every thread: num_workers="auto" weighs thread
+        # workers' reads against the GIL with it. (Additions from several threads may race and
+        # lose one now and then: an estimate. Not their waits for a CPU: reading those is a
+        # system call that lets go of the GIL, and the wait to take it back, counted in a
+        # read's wall time, made cheap reads look as if they waited.)
+        self.cpu_seconds = 0.0
         # 0: no first read yet; 1: one was read (the next is a probe); 2: the final word on
         # the first look was told (the first read's taken whole, or the probe's; a late
         # watcher's is not sent after it)
@@ -571,7 +577,9 @@ class SampleReads:
             else:
                 results.append(dataset[key])
         count = max(len(keys), 1)
-        return results, (clock() - start) / count, (cpu_clock() - cpu_start) / count
+        cpu = cpu_clock() - cpu_start
+        self.cpu_seconds += cpu
+        return results, (clock() - start) / count, cpu / count
 
     def _launch(
         self,
@@ -600,6 +608,7 @@ class SampleReads:
             finally:
                 cpu = cpu_clock() - cpu_start
                 times.append((clock() - start, _counted(cpu, queued() - queued_start), cpu))
+                self.cpu_seconds += cpu
                 del _SERVING[me]
 
         began = clock()
