@@ -366,23 +366,20 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         gil_bound = self._tuner.gil_bound(stats) if self._threads_for_waits else ""
         if gil_bound:
             chosen = self._tuner.back_to_processes(current, gil_bound)
-            self.worker_type = "process"
-            self._threads_for_waits = False
+            self.worker_type, self._threads_for_waits = "process", False
         else:
             chosen = self._tuner.after_epoch(stats, current)
-        if switched and not gil_bound:
-            self.worker_type = "thread"
+            if switched:
+                self.worker_type = "thread"
         if switched:
             self._tuner.reason = f"{switched}; {self._tuner.reason}"
-        if gil_bound and self._live_iterator is not None:  # (persistent thread workers go)
+        if self._live_iterator is not None and (gil_bound or chosen != current):
+            # Persistent workers are replaced (by other ones, or of another kind); the next
+            # epoch begins as theirs would have (a fresh iterator would draw another base
+            # seed, and shuffle differently).
             self._resume.carry_over()
             self._replace_iterator(None)
         if chosen != current:
-            # Persistent workers are replaced; the next epoch begins as theirs would have (a
-            # fresh iterator would draw another base seed, and shuffle differently).
-            if self._live_iterator is not None:
-                self._resume.carry_over()
-                self._replace_iterator(None)
             self.num_workers, self.prefetch_factor = chosen
 
     @property
