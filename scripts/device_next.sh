@@ -19,6 +19,9 @@
 #    (docs/design/scaling.md, "Thread workers ran torch's copies on teams as wide as the machine").
 # 5. ceiling.txt, with the time that is left: the main process's ceiling (instant batches)
 #    against torch's at 8 and 16 workers (scripts/main_ceiling.py), so far measured on 2 cores.
+# 6. auto_gil.txt, with the time still left: num_workers="auto" on reads that wait, then
+#    compute (scripts/auto_gil.py): threads bound by the GIL become processes again, one GIL
+#    each, which gains more the more CPUs there are (8-23% on 2 cores).
 #
 # Environment: PYTHON (default python3), DEADLINE, FEED (gpu, the default, or cpu: a smoke
 # test without CUDA), QUICK=1 (tiny rows: a smoke test of the script itself, figures
@@ -39,11 +42,11 @@ gpu=(--gpu)
 if [ -n "${QUICK:-}" ]; then
   bench=(QUICK=1 WORKERS=2 REPS=1 LIMIT=60)
   workers=(--workers 2) long=(--samples 512 --epochs 1) ceiling=(--workers 2 --reps 1)
-  threads=(--epochs 1)
+  threads=(--epochs 1) autogil=(--epochs 1)
 else
   bench=(WORKERS=15,8 REPS=7 LIMIT=300)
   workers=(--workers 15) long=(--samples 30720 --epochs 2) ceiling=(--workers 8 16 --reps 3)
-  threads=(--epochs 2)
+  threads=(--epochs 2) autogil=(--epochs 3)
 fi
 
 left() { echo $((deadline - $(date +%s))); }
@@ -81,5 +84,13 @@ if [ "$budget" -ge 45 ]; then
 else
   echo "device_next: ceiling left out (${budget} s left)" | tee -a "$out/steps.txt"
 fi
+# 6. (only with time to spare)
+budget=$(($(left) - 5))
+if [ "$budget" -ge 40 ]; then
+  timeout -k 5 "$budget" "$python" scripts/auto_gil.py "${autogil[@]}" >"$out/auto_gil.txt" 2>&1
+  echo "device_next: auto_gil exit $?, $(left) s left" | tee -a "$out/steps.txt"
+else
+  echo "device_next: auto_gil left out (${budget} s left)" | tee -a "$out/steps.txt"
+fi
 cat "$out/bench/table.txt" "$out/nudged.txt" "$out/long.txt" "$out/threads.txt" "$out/ceiling.txt" \
-  2>/dev/null
+  "$out/auto_gil.txt" 2>/dev/null

@@ -342,8 +342,8 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
             recorder = StatsRecorder(max(workers, 1))
         engine = "inline" if workers == 0 else kind
         tuning = self._tuner.reason if self._tuner is not None else ""
-        if track is not None and track.switched and track.switched not in tuning:
-            tuning = f"{track.switched}; {tuning}"
+        if track is not None and track.switched and track.switched.why not in tuning:
+            tuning = f"{track.switched.why}; {tuning}"
         return recorder.result(engine, tuning)
 
     def _retune(self) -> None:
@@ -358,8 +358,9 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         # The workers of the last epoch became threads when their reads waited: the next
         # epochs start with threads (see ThreadMove.move in _engine/tuning/switch.py). Thread
         # workers chosen so that were found bound by the GIL become processes again.
-        switched = track.switched if track.plan.worker_type != self.worker_type else ""
-        if switched and not track.switched_for_memory:
+        moved = track.switched if track.plan.worker_type != self.worker_type else None
+        switched = moved.why if moved is not None else ""
+        if moved is not None and not moved.for_memory:
             self._threads_for_waits = True
         current = (self.num_workers, self.prefetch_factor)
         stats = self.stats()

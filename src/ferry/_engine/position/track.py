@@ -27,7 +27,14 @@ from ferry._engine.position.keys import EpochKeys, between_epochs, draws_from_gl
 from ferry._engine.work.fetch import Outcome
 from ferry.errors import EpochReplayWarning, warn_from_user_code
 
-__all__ = ["Delivery", "EpochTrack", "InFlight", "between_epochs_cursor", "guard_replay"]
+__all__ = [
+    "Delivery",
+    "EpochTrack",
+    "InFlight",
+    "Moved",
+    "between_epochs_cursor",
+    "guard_replay",
+]
 
 
 class Delivery(NamedTuple):
@@ -85,6 +92,14 @@ class InFlight:
         return None if position == WorkerCursor() else position
 
 
+class Moved(NamedTuple):
+    """``num_workers="auto"`` moved an epoch to thread workers: why (a sentence for
+    ``stats().tuning``), and whether for the workers' memory (else their reads waited)."""
+
+    why: str
+    for_memory: bool
+
+
 class EpochTrack:
     """The one owner of an epoch's position, as its loader sees it.
 
@@ -117,10 +132,8 @@ class EpochTrack:
         self.loaded: Cursor | None = None  # the cursor this epoch was resumed from
         self.yielded = 0  # batches handed out by this iterator in this epoch
         self.finished = False  # StopIteration was raised
-        # What num_workers="auto" changed within the epoch, and why ("": nothing); and whether
-        # it was for the workers' memory (else their reads waited).
-        self.switched = ""
-        self.switched_for_memory = False
+        # What num_workers="auto" changed within the epoch, and why (None: nothing).
+        self.switched: Moved | None = None
         # num_workers="auto" judged the process workers' reads to compute (they stay): the
         # loader's next epochs do not hold workers back for a first look (see HeldWorkers).
         self.reads_compute = False
@@ -150,8 +163,7 @@ class EpochTrack:
         workers' memory, or their reads that wait); no worker's position moves (only a dataset
         with no state of its own moves)."""
         self.plan = plan
-        self.switched = why
-        self.switched_for_memory = for_memory
+        self.switched = Moved(why, for_memory)
 
     def resumed_from(self, cursor: Cursor | None) -> None:
         """This epoch was resumed from ``cursor`` (None: it was not): saved as it is until a
