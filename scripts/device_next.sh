@@ -21,7 +21,7 @@
 #    against torch's at 8 and 16 workers (scripts/main_ceiling.py), so far measured on 2 cores.
 # 6. auto_gil.txt, with the time still left: num_workers="auto" on reads that wait, then
 #    compute (scripts/auto_gil.py): threads bound by the GIL become processes again, one GIL
-#    each, which gains more the more CPUs there are (8-23% on 2 cores).
+#    each, which gains more the more CPUs there are (5-23% on 2 cores).
 #
 # Environment: PYTHON (default python3), DEADLINE, FEED (gpu, the default, or cpu: a smoke
 # test without CUDA), QUICK=1 (tiny rows: a smoke test of the script itself, figures

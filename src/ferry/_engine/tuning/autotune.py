@@ -101,7 +101,7 @@ WAITING_THREAD_CAP = 16
 reads a batch's samples at once; more of them overlap the batches): a trial keeps only what is
 faster."""
 
-GIL_BOUND = 0.6
+GIL_BOUND = 0.7
 """Thread workers whose reads took this many CPU seconds per second of wall time or more,
 with the loader behind, were bound by the one GIL they share: process workers, one GIL each, do
 better wherever there are two CPUs or more (:meth:`Tuner.gil_bound`)."""
