@@ -299,7 +299,7 @@ def test_thread_workers_found_bound_by_the_gil_are_processes_again(
     """The judge took the first reads' wait for every read's and made the workers threads;
     the rest computed, holding the GIL the threads share, while the loop waited: the next
     epoch has process workers again, and keeps them (the next processes' first reads wait
-    too, and no judge moves them). The batches are the same throughout.
+    too, and no judge moves them). The batches are torch's throughout, shuffled.
 
     Their reads take 0.8-0.9 CPU seconds a second on 2 idle cores, but about 0.5 beside three
     CPU burners (a thread that holds the GIL waits for a CPU too, which its CPU clock does not
@@ -307,20 +307,32 @@ def test_thread_workers_found_bound_by_the_gil_are_processes_again(
     itself is test_autotune.py's."""
     monkeypatch.setattr(autotune, "GIL_BOUND", 0.3)
     data = WaitsThenComputes(n=320, waits=16, work=0.002)
-    want = list(range(320))
-    loader = _auto(data, persistent_workers=persistent)
-    assert [x for b in loader for x in b.tolist()] == want
+    # torch's batches: sample i is i, so torch's loader over the indices, with the same
+    # sampler and generator (and persistent workers where ferry's persist), gives them.
+    reference = tud.DataLoader(
+        range(320),
+        batch_size=8,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(5),
+        num_workers=1 if persistent else 0,
+        persistent_workers=persistent,
+    )
+    want = [[b.tolist() for b in reference] for _ in range(3)]
+    generator = torch.Generator().manual_seed(5)
+    loader = _auto(data, shuffle=True, generator=generator, persistent_workers=persistent)
+    got = [[b.tolist() for b in loader]]
     first = loader.stats()
     assert first.engine == "thread"
     assert first.read_cpu_s >= autotune.GIL_BOUND * first.read_span_s > 0
     iterator = iter(loader)
     assert loader.worker_type == "process"
     assert all(pid is not None for pid in worker_pids(iterator))
-    assert [x for b in iterator for x in b.tolist()] == want
+    got.append([b.tolist() for b in iterator])
     del iterator
     stats = loader.stats()
     assert stats.engine == "process"
     assert "bound by the one GIL they share" in stats.tuning
-    assert [x for b in loader for x in b.tolist()] == want
+    got.append([b.tolist() for b in loader])
     assert loader.stats().engine == "process"
     assert loader.worker_type == "process"
+    assert got == want
