@@ -57,40 +57,26 @@ if [ "$(left)" -gt 60 ]; then
     scripts/gpu_host_bench.sh "$out/bench" >"$out/bench.log" 2>&1
   echo "device_next: 1. bench exit $?, $(left) s left" | tee -a "$out/steps.txt"
 fi
+# One step: NAME, the least budget it needs (s), the seconds kept for the end, then its
+# command; it gets the time left but those, writes NAME.txt, and is left out when short.
+step() {
+  local name=$1 least=$2 keep=$3 budget
+  shift 3
+  budget=$(($(left) - keep))
+  if [ "$budget" -lt "$least" ]; then
+    echo "device_next: $name left out (${budget} s left)" | tee -a "$out/steps.txt"
+    return
+  fi
+  timeout -k 5 "$budget" "$python" "$@" >"$out/$name.txt" 2>&1
+  echo "device_next: $name exit $?, $(left) s left" | tee -a "$out/steps.txt"
+}
+costs=(scripts/scaling_costs.py --workload jpeg "${gpu[@]}")
 # 2., 3. and 4.: each with the time left, 10 s kept for the end
-for step in nudged long threads; do
-  budget=$(($(left) - 10))
-  if [ "$budget" -lt 30 ]; then
-    echo "device_next: $step left out (${budget} s left)" | tee -a "$out/steps.txt"
-    continue
-  fi
-  loaders=(torch ferry)
-  if [ "$step" = nudged ]; then
-    options=("${workers[@]}" --epochs 3 --nudge-ms 50)
-  elif [ "$step" = long ]; then
-    options=("${workers[@]}" "${long[@]}")
-  else
-    options=("${workers[@]}" "${threads[@]}") loaders=(torch ferry-thread)
-  fi
-  timeout -k 5 "$budget" "$python" scripts/scaling_costs.py --workload jpeg "${gpu[@]}" \
-    --loader "${loaders[@]}" "${options[@]}" >"$out/$step.txt" 2>&1
-  echo "device_next: $step exit $?, $(left) s left" | tee -a "$out/steps.txt"
-done
-# 5. (the least of the five: only with time to spare)
-budget=$(($(left) - 10))
-if [ "$budget" -ge 45 ]; then
-  timeout -k 5 "$budget" "$python" scripts/main_ceiling.py "${ceiling[@]}" >"$out/ceiling.txt" 2>&1
-  echo "device_next: ceiling exit $?, $(left) s left" | tee -a "$out/steps.txt"
-else
-  echo "device_next: ceiling left out (${budget} s left)" | tee -a "$out/steps.txt"
-fi
-# 6. (only with time to spare)
-budget=$(($(left) - 5))
-if [ "$budget" -ge 40 ]; then
-  timeout -k 5 "$budget" "$python" scripts/auto_gil.py "${autogil[@]}" >"$out/auto_gil.txt" 2>&1
-  echo "device_next: auto_gil exit $?, $(left) s left" | tee -a "$out/steps.txt"
-else
-  echo "device_next: auto_gil left out (${budget} s left)" | tee -a "$out/steps.txt"
-fi
+step nudged 30 10 "${costs[@]}" --loader torch ferry "${workers[@]}" --epochs 3 --nudge-ms 50
+step long 30 10 "${costs[@]}" --loader torch ferry "${workers[@]}" "${long[@]}"
+step threads 30 10 "${costs[@]}" --loader torch ferry-thread "${workers[@]}" "${threads[@]}"
+# 5. and 6. (the least of them: only with time to spare)
+step ceiling 45 10 scripts/main_ceiling.py "${ceiling[@]}"
+step auto_gil 40 5 scripts/auto_gil.py "${autogil[@]}"
 cat "$out/bench/table.txt" "$out/nudged.txt" "$out/long.txt" "$out/threads.txt" "$out/ceiling.txt" \
   "$out/auto_gil.txt" 2>/dev/null
