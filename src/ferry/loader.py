@@ -18,8 +18,9 @@ from ferry._engine.failures import DEFAULT_STALL_WARNING, FailurePolicy, OnError
 from ferry._engine.iterator import InlineIterator, LoaderIterator
 from ferry._engine.plan import EpochPlan
 from ferry._engine.position.resume import Resumer, fit_workers
+from ferry._engine.position.track import Moved
 from ferry._engine.transport.pin import accelerator_available, accelerator_type
-from ferry._engine.tuning.autotune import Tuner
+from ferry._engine.tuning.autotune import Resumed, Tuner
 from ferry._sampling import resolve_sampling
 from ferry._torch_types import TorchDataLoader, TorchTwin
 from ferry._validate import (
@@ -314,7 +315,17 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
             ...         state = {"model": model.state_dict(), "loader": loader.state_dict()}
             ...         torch.save(state, path)
         """
-        return self._resume.state_dict(self)
+        state = self._resume.state_dict(self)
+        state.pop("tuning", None)  # (a state loaded as it was: this loader's own is written)
+        if self._tuner is not None:
+            # (num_workers="auto": what tuning found goes on in the resumed loader)
+            kind, for_waits = self.worker_type, self._threads_for_waits
+            moved = self._moved() if self._resume.pending is None else None
+            if moved is not None:
+                kind, for_waits = "thread", not moved.for_memory
+            setting = (self.num_workers, self.prefetch_factor)
+            state["tuning"] = self._tuner.to_plain(setting, kind, for_waits)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Make the next iterator start where ``state_dict`` (from :meth:`state_dict`) was taken.
@@ -327,9 +338,41 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         """
         if isinstance(state_dict, dict) and not state_dict:
             return
-        self._resume.load_state_dict(self, state_dict)
+        tuning = state_dict.get("tuning") if isinstance(state_dict, dict) else None
+        if self._tuner is None or tuning is None:
+            self._resume.load_state_dict(self, state_dict)
+        else:
+            self._load_with_tuning(state_dict, tuning)
         if self._live_iterator is not None:
             self._replace_iterator(None)  # persistent workers: the next iter() starts there
+
+    def _load_with_tuning(self, state_dict: dict[str, Any], tuning: object) -> None:
+        """``load_state_dict`` of a state with ``num_workers="auto"``'s tuning into a loader
+        that tunes too: the options and the kind of worker it reached go on (see
+        :meth:`Tuner.resumed`); the loader is left as it was if the state does not load."""
+        assert self._tuner is not None
+        setting = (self.num_workers, self.prefetch_factor)
+        before = (self._tuner, Resumed(*setting, self.worker_type, self._threads_for_waits))
+        self._tune_as(*self._tuner.resumed(tuning, setting, self.worker_type))
+        try:
+            self._resume.load_state_dict(self, state_dict)
+        except BaseException:
+            self._tune_as(*before)
+            raise
+
+    def _tune_as(self, tuner: Tuner, options: Resumed) -> None:
+        self._tuner = tuner
+        self.num_workers, self.prefetch_factor = options.num_workers, options.prefetch_factor
+        self.worker_type = cast("WorkerType", options.worker_type)
+        self._threads_for_waits = options.threads_for_waits
+
+    def _moved(self) -> Moved | None:
+        """How ``num_workers="auto"`` moved the last iterator's epoch to other workers (None:
+        it did not), while the loader's own options are still those it began with."""
+        track = self._resume.track
+        if track is None or track.plan.worker_type == self.worker_type:
+            return None
+        return track.switched
 
     def stats(self) -> LoaderStats:
         """Where the time of the epoch in progress (or the last one) went, per stage and per
@@ -358,7 +401,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         # The workers of the last epoch became threads when their reads waited: the next
         # epochs start with threads (see ThreadMove.move in _engine/tuning/switch.py). Thread
         # workers chosen so that were found bound by the GIL become processes again.
-        moved = track.switched if track.plan.worker_type != self.worker_type else None
+        moved = self._moved()
         switched = moved.why if moved is not None else ""
         if moved is not None and not moved.for_memory:
             self._threads_for_waits = True

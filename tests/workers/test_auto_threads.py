@@ -10,6 +10,7 @@ state of their own, stay in processes.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -221,6 +222,34 @@ def test_a_state_taken_after_the_switch_resumes_exactly() -> None:
 
 
 @pytest.mark.timeout(90)
+def test_a_state_taken_after_the_switch_resumes_on_threads_from_its_first_batch() -> None:
+    """What the judge found goes on in the resumed loader (a new process, after a crash): no
+    process worker is started to be judged again, and the batches are the uninterrupted
+    run's."""
+
+    def loader() -> ferry.DataLoader[Any]:
+        return _auto(
+            Waiting(n=120, latency=SLOW), shuffle=True, generator=torch.Generator().manual_seed(5)
+        )
+
+    first = loader()
+    iterator = iter(first)
+    for _ in range(6):
+        next(iterator)
+    assert first.stats().engine == "thread"
+    assert first.worker_type == "process"  # (the loader's own: moved within the epoch)
+    state = json.loads(json.dumps(first.state_dict()))
+    rest = [b.tolist() for b in iterator]
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert (resumed.worker_type, resumed._threads_for_waits) == ("thread", True)
+    again = iter(resumed)
+    assert worker_pids(again) == [os.getpid()] * resumed.num_workers  # (threads: this process)
+    assert [b.tolist() for b in again] == rest
+    assert "the loaded state's tuning" in resumed.stats().tuning
+
+
+@pytest.mark.timeout(90)
 def test_an_error_after_the_switch_names_the_failing_sample() -> None:
     loader = _auto(Waiting(n=64, latency=SLOW, fail=frozenset({45})))
     iterator = iter(loader)
@@ -332,7 +361,24 @@ def test_thread_workers_found_bound_by_the_gil_are_processes_again(
     stats = loader.stats()
     assert stats.engine == "process"
     assert "bound by the one GIL they share" in stats.tuning
-    got.append([b.tolist() for b in loader])
+    iterator = iter(loader)
+    got.append([next(iterator).tolist() for _ in range(10)])
+    # A loader resumed from here (a new process, after a crash) keeps processes: the first
+    # reads of its new workers wait too, and no judge moves them to threads again.
+    state = loader.state_dict()
+    got[-1] += [b.tolist() for b in iterator]
+    del iterator
     assert loader.stats().engine == "process"
     assert loader.worker_type == "process"
     assert got == want
+    resumed = _auto(
+        WaitsThenComputes(n=320, waits=16, work=0.002),
+        shuffle=True,
+        generator=torch.Generator().manual_seed(5),
+        persistent_workers=persistent,
+    )
+    resumed.load_state_dict(state)
+    assert resumed._tuner is not None
+    assert resumed._tuner.threads_refused
+    assert [b.tolist() for b in resumed] == want[2][10:]
+    assert resumed.stats().engine == "process"

@@ -10,6 +10,7 @@ changes it; no assertion depends on how fast anything runs.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from typing import Any
@@ -24,6 +25,7 @@ from _support.compare import assert_same
 from _support.processes import FAST, Kind, exited, poll, worker_pids
 from ferry._engine.tuning import autotune
 from ferry._engine.tuning.autotune import Tuner
+from ferry.errors import MalformedState, StateMismatch
 from ferry.stats import LoaderStats, WorkerStats
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -453,6 +455,98 @@ def test_a_string_other_than_auto_names_auto() -> None:
         ferry.DataLoader(ds.Indices(10), num_workers="fast")  # type: ignore[arg-type]
 
 
+# -- what tuning found, carried by a loader's state ----------------------------------------------
+
+
+def plain(chosen: Tuner, setting: tuple[int, int], **kwargs: Any) -> Any:
+    """``chosen``'s part of a loader state, through json as a checkpoint may take it."""
+    options = {"worker_type": "process", "threads_for_waits": False, **kwargs}
+    return json.loads(json.dumps(chosen.to_plain(setting, **options)))
+
+
+def test_tuning_goes_on_where_it_was_on_a_machine_with_the_same_cpus() -> None:
+    """A change on trial is judged in the resumed loader as in the saving one; a settled
+    tuner stays settled; the tuner resumed from is left as it was."""
+    saving = tuner(cpus=8)
+    trial = saving.after_epoch(behind_and_busy(2, worker_ms=20, loop_ms=5), (2, 2))
+    assert trial == (4, 2)
+    assert "on trial" in saving.reason
+    fresh = tuner(cpus=8)
+    first = fresh.first()
+    resumed, options = fresh.resumed(plain(saving, trial), first, "process")
+    assert (options.num_workers, options.prefetch_factor) == trial
+    assert (options.worker_type, options.threads_for_waits) == ("process", False)
+    assert resumed.reason.endswith("(the loaded state's tuning)")
+    assert fresh.reason.startswith(f"num_workers={first[0]}")  # (untouched)
+    # The trial did not raise batches/s: undone, as the saving tuner would have.
+    assert resumed.after_epoch(behind_and_busy(2, worker_ms=20, loop_ms=5), trial) == (2, 2)
+    assert "was undone" in resumed.reason
+    settled = tuner(cpus=8)
+    settled.after_epoch(epoch(**BALANCED), (2, 2))
+    again, _ = tuner(cpus=8).resumed(plain(settled, (2, 2)), (8, 2), "process")
+    assert again.after_epoch(behind_and_busy(2, worker_ms=20, loop_ms=5), (2, 2)) == (2, 2)
+
+
+def test_on_another_machine_the_counts_start_again_and_what_was_found_holds() -> None:
+    """The counts were tuned to the saving machine's CPUs: another CPU count starts from its
+    own (a stream keeps the count its state needs); the kind of worker and what was found
+    about the dataset's reads are the dataset's, and hold."""
+    saving = tuner(cpus=8)
+    saving.after_epoch(epoch(**BALANCED), (6, 4))
+    saving.threads_refused = saving.reads_compute = True
+    state = plain(saving, (6, 4), worker_type="thread", threads_for_waits=True)
+    elsewhere = tuner(cpus=16)
+    resumed, options = elsewhere.resumed(state, elsewhere.first(), "process")
+    assert (options.num_workers, options.prefetch_factor) == (8, 2)
+    assert (options.worker_type, options.threads_for_waits) == ("thread", True)
+    assert resumed.threads_refused
+    assert resumed.reads_compute
+    assert "tuned with 8 CPUs; 16 CPUs for this process, so tuning starts again" in resumed.reason
+    # (and tuning does start again, where the saving tuner had settled)
+    assert resumed.after_epoch(behind_and_busy(8, worker_ms=20, loop_ms=1), (8, 2)) != (8, 2)
+    stream = tuner(cpus=16, iterable=True)
+    _, options = stream.resumed(state, stream.first(), "process")
+    assert options.num_workers == 6
+
+
+def test_only_the_options_given_as_auto_are_restored() -> None:
+    saving = tuner(cpus=8)
+    state = plain(saving, (6, 4))
+    _, options = tuner(num_workers=3, cpus=8).resumed(state, (3, 2), "process")
+    assert (options.num_workers, options.prefetch_factor) == (3, 4)
+    _, options = tuner(auto_prefetch=False, prefetch_factor=5, cpus=8).resumed(
+        state, (8, 5), "process"
+    )
+    assert (options.num_workers, options.prefetch_factor) == (6, 5)
+    own_threads = tuner(cpus=8, worker_type="thread")  # the user's worker_type="thread"
+    _, options = own_threads.resumed(state, (4, 2), "thread")
+    assert (options.worker_type, options.threads_for_waits) == ("thread", False)
+
+
+@pytest.mark.parametrize(
+    ("entry", "value"),
+    [
+        ("num_workers", 0),
+        ("num_workers", "4"),
+        ("prefetch_factor", None),
+        ("worker_type", "fiber"),
+        ("threads_refused", 1),
+        ("epochs", True),
+        ("tried", [[2]]),
+        ("trial", {"before": [2, 2], "goal": "sideways", "rate_before": 1.0}),
+        ("trial", {"before": [2, 2], "goal": "faster"}),
+        ("reason", None),
+    ],
+)
+def test_a_malformed_tuning_names_its_entry(entry: str, value: Any) -> None:
+    state = plain(tuner(cpus=8), (2, 2))
+    state[entry] = value
+    with pytest.raises(MalformedState, match=r"its 'tuning' entry '\w+' is"):
+        tuner(cpus=8).resumed(state, (2, 2), "process")
+    with pytest.raises(MalformedState, match="'tuning' is a list"):
+        tuner(cpus=8).resumed([], (2, 2), "process")
+
+
 # -- the loader with "auto" ---------------------------------------------------------------------
 
 
@@ -596,8 +690,40 @@ def test_a_stream_keeps_its_count(kind: Kind) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_stream_resumes_with_its_count_on_a_machine_with_other_cpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream's state needs the worker count it was saved with (each worker reads its own
+    shard): an "auto" loader on a machine with more CPUs takes it from the state, and the rest
+    of the epoch is the saving loader's."""
+
+    def stream(cpus: int) -> ferry.DataLoader[Any]:
+        monkeypatch.setattr(autotune, "cpus_for_this_process", lambda: cpus)
+        return ferry.DataLoader(ds.FerryStream(60), batch_size=3, num_workers="auto")
+
+    saving = stream(cpus=2)
+    iterator = iter(saving)
+    for _ in range(7):
+        next(iterator)
+    state = saving.state_dict()
+    rest = [b.tolist() for b in iterator]
+    elsewhere = stream(cpus=3)
+    assert elsewhere.num_workers == 3
+    elsewhere.load_state_dict(state)
+    assert elsewhere.num_workers == 2
+    assert [b.tolist() for b in elsewhere] == rest
+    assert "tuned with 2 CPUs; 3 CPUs for this process" in elsewhere.stats().tuning
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", FAST, indirect=True)
-def test_state_dict_resumes_into_a_fresh_auto_loader(kind: Kind) -> None:
+def test_state_dict_resumes_into_a_fresh_auto_loader(
+    kind: Kind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fresh loader goes on with the count tuning reached (on a machine with as many
+    CPUs; the scripted tuner's are 2), and the batches are the uninterrupted run's."""
+    monkeypatch.setattr(autotune, "cpus_for_this_process", lambda: 2)
+
     def build() -> ferry.DataLoader[Any]:
         return ferry.DataLoader(
             ds.Items(96),
@@ -615,13 +741,58 @@ def test_state_dict_resumes_into_a_fresh_auto_loader(kind: Kind) -> None:
     for _ in range(10):
         next(it)
     assert loader.num_workers == 1
-    state = loader.state_dict()
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["tuning"]["num_workers"] == 1
     rest = list(it)
 
-    resumed = build()  # starts from the CPU count again
+    resumed = build()
+    assert resumed.num_workers == 2  # (from the CPU count)
     resumed.load_state_dict(state)
+    assert resumed.num_workers == 1
+    assert resumed.stats().tuning == "num_workers=1 (scripted) (the loaded state's tuning)"
     assert_same(rest, list(resumed))
+    assert resumed.stats().num_workers == 1
     assert_same(reference(shuffle=True)[1][10:], rest)
+
+
+def test_a_state_that_does_not_load_leaves_the_auto_loader_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A state whose tuning or whose position does not fit changes none of the loader's
+    options; a loader with its options fixed takes the position and ignores the tuning, and
+    a state without tuning (saved by an earlier ferry, or by a fixed loader) loads into an
+    "auto" loader as it did."""
+    monkeypatch.setattr(autotune, "cpus_for_this_process", lambda: 2)
+
+    def auto(n: int = 40) -> ferry.DataLoader[Any]:
+        return ferry.DataLoader(ds.Items(n), batch_size=4, num_workers="auto")
+
+    saving = auto()
+    saving._tuner = ScriptedTuner([1])
+    list(saving)
+    list(saving)  # (with 1 worker)
+    state = saving.state_dict()
+    assert state["tuning"]["num_workers"] == 1
+    damaged = {**state, "tuning": {**state["tuning"], "worker_type": "fiber"}}
+    for bad, error in ((damaged, MalformedState), (state, StateMismatch)):
+        loader = auto(n=40 if bad is damaged else 44)  # (another length: does not fit)
+        tuner_before = loader._tuner
+        with pytest.raises(error):
+            loader.load_state_dict(bad)
+        assert (loader.num_workers, loader.worker_type, loader._tuner) == (
+            2,
+            "process",
+            tuner_before,
+        )
+    fixed = ferry.DataLoader(ds.Items(40), batch_size=4, num_workers=2)
+    fixed.load_state_dict(state)
+    assert fixed.num_workers == 2
+    assert "tuning" not in fixed.state_dict()
+    untuned = {k: v for k, v in state.items() if k != "tuning"}
+    loader = auto()
+    loader.load_state_dict(untuned)
+    assert loader.num_workers == 2
+    assert len(list(loader)) == 10  # (the epoch after the one saved at its end)
 
 
 def test_thread_workers_bound_by_the_gil_are_processes_again() -> None:

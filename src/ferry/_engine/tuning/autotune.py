@@ -55,17 +55,19 @@ changes which worker, so which random stream, makes a batch, like any change of
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ferry._core.memory import available_memory as meminfo_available
 from ferry._engine.work.reads import PARALLEL_FROM
 from ferry._validate import as_int, available_cpus
+from ferry.errors import MalformedState
 from ferry.stats import LoaderStats
 
-__all__ = ["Tuner"]
+__all__ = ["Resumed", "Tuner"]
 
 Setting = tuple[int, int]  # (num_workers, prefetch_factor), both chosen or fixed
 
@@ -135,6 +137,17 @@ class _Step:
     setting: Setting | None
     goal: Goal | None
     why: str
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a loaded state's ``tuning`` gives the loader for its next iterators: the options,
+    the kind of worker, and whether "auto" chose threads for reads that wait."""
+
+    num_workers: int
+    prefetch_factor: int | None
+    worker_type: str
+    threads_for_waits: bool
 
 
 class Tuner:
@@ -415,6 +428,75 @@ class Tuner:
             f"{seen}: one worker fewer would be {100 * remaining:.0f}% busy and frees a CPU",
         )
 
+    # -- resume --------------------------------------------------------------------------------
+
+    def to_plain(
+        self, setting: tuple[int, int | None], worker_type: str, threads_for_waits: bool
+    ) -> dict[str, Any]:
+        """What this tuner found, for the loader's ``state_dict()`` (``tuning``; plain data):
+        the loader's ``setting`` and ``worker_type`` for its next iterator, whether "auto"
+        chose threads because reads waited, the facts found about the dataset's reads, and
+        where the tuning stands (the epochs judged, the settings tried, a change on trial)."""
+        trial = self._trial
+        return {
+            "cpus": self._cpus,
+            "num_workers": setting[0],
+            "prefetch_factor": setting[1],
+            "worker_type": worker_type,
+            "threads_for_waits": threads_for_waits,
+            "threads_refused": self.threads_refused,
+            "reads_compute": self.reads_compute,
+            "epochs": self._epochs,
+            "settled": self._settled,
+            "tried": sorted([list(tried) for tried in self._tried]),
+            "trial": None
+            if trial is None
+            else {
+                "before": list(trial.before),
+                "goal": trial.goal,
+                "rate_before": trial.rate_before,
+            },
+            "reason": self.reason,
+        }
+
+    def resumed(
+        self, plain: object, current: tuple[int, int | None], worker_type: str
+    ) -> tuple[Tuner, Resumed]:
+        """A copy of this tuner that goes on from ``plain`` (a state's ``tuning``, from
+        :meth:`to_plain`), and the loader's options with it (``current``: the loader's as
+        built). This tuner is left as it is, for a load that fails further on.
+
+        On a machine with the saving tuner's CPU count, everything goes on where it was: the
+        counts tuning reached (or had on trial), and no epoch is judged again that was. On
+        another, the counts start again from this machine's (a stream's count excepted: its
+        state needs the count it was saved with) and the tuning starts again; what was found
+        about the dataset's reads holds anywhere: threads for reads that wait, processes for
+        reads that held the GIL, no worker held back for reads that compute. Only the options
+        given as ``"auto"`` change; ``worker_type="thread"`` given by the user stays."""
+        saved = _ResumedTuning.parse(plain)
+        same = saved.cpus == self._cpus
+        workers, prefetch = current
+        assert prefetch is not None  # "auto" always loads with workers
+        if self._fixed_workers is None and (same or self._iterable):
+            workers = saved.num_workers
+        if self._auto_prefetch and same:
+            prefetch = saved.prefetch_factor
+        kind = "thread" if self._threads else saved.worker_type
+        tuner = copy.copy(self)
+        tuner.threads_refused, tuner.reads_compute = saved.threads_refused, saved.reads_compute
+        if same:
+            tuner._epochs, tuner._settled = saved.epochs, saved.settled
+            tuner._tried = set(saved.tried)
+            tuner._trial = saved.trial
+            tuner.reason = f"{saved.reason} (the loaded state's tuning)"
+        else:
+            tuner._epochs, tuner._settled, tuner._tried, tuner._trial = 0, False, set(), None
+            tuner.reason = (
+                f"{_text((workers, prefetch))}: the loaded state was tuned with "
+                f"{saved.cpus} CPUs; {tuner._cpus_text}, so tuning starts again"
+            )
+        return tuner, Resumed(workers, prefetch, kind, saved.threads_for_waits and kind == "thread")
+
     # -- helpers -------------------------------------------------------------------------------
 
     @property
@@ -435,6 +517,91 @@ class Tuner:
         if self._cpus is None:
             return f"the CPU count is unknown, so {UNKNOWN_CPUS} are assumed"
         return f"{self._cpus} CPU{'s' if self._cpus != 1 else ''} for this process"
+
+
+@dataclass(frozen=True)
+class _ResumedTuning:
+    """A state's ``tuning`` (see :meth:`Tuner.to_plain`), checked."""
+
+    cpus: int | None
+    num_workers: int
+    prefetch_factor: int
+    worker_type: str
+    threads_for_waits: bool
+    threads_refused: bool
+    reads_compute: bool
+    epochs: int
+    settled: bool
+    tried: tuple[Setting, ...]
+    trial: _Trial | None
+    reason: str
+
+    @classmethod
+    def parse(cls, plain: object) -> _ResumedTuning:
+        """:class:`MalformedState`, naming the entry, where ``plain`` is not what
+        :meth:`Tuner.to_plain` wrote."""
+
+        def bad(name: str, value: object) -> MalformedState:
+            return MalformedState(
+                f"DataLoader state is malformed: its 'tuning' entry {name!r} is {value!r}; pass "
+                "the dict that state_dict() returned, unchanged apart from a json or torch.save "
+                "round trip"
+            )
+
+        def entry(name: str, kind: type | tuple[type, ...], of: dict[str, Any]) -> Any:
+            value = of.get(name)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise bad(name, value)
+            return value
+
+        def setting(value: object, name: str) -> Setting:
+            if (
+                not isinstance(value, (list, tuple))
+                or len(value) != 2
+                or not all(type(n) is int and n >= 1 for n in value)
+            ):
+                raise bad(name, value)
+            return value[0], value[1]
+
+        if not isinstance(plain, dict):
+            raise MalformedState(
+                f"DataLoader state is malformed: its 'tuning' is a {type(plain).__name__}, "
+                "not the dict that state_dict() wrote"
+            )
+        cpus = plain.get("cpus")
+        if cpus is not None:
+            entry("cpus", int, plain)
+        options = [entry(name, int, plain) for name in ("num_workers", "prefetch_factor")]
+        for name, value in zip(("num_workers", "prefetch_factor"), options, strict=True):
+            if value < 1:  # ("auto" always loads with workers)
+                raise bad(name, value)
+        worker_type = entry("worker_type", str, plain)
+        if worker_type not in ("process", "thread"):
+            raise bad("worker_type", worker_type)
+        trial = plain.get("trial")
+        on_trial = None
+        if trial is not None:
+            if not isinstance(trial, dict):
+                raise bad("trial", trial)
+            goal = entry("goal", str, trial)
+            if goal not in ("faster", "leaner"):
+                raise bad("goal", goal)
+            rate = entry("rate_before", (int, float), trial)
+            on_trial = _Trial(setting(trial.get("before"), "before"), goal, float(rate))
+        return cls(
+            cpus=cpus,
+            num_workers=options[0],
+            prefetch_factor=options[1],
+            worker_type=worker_type,
+            threads_for_waits=entry("threads_for_waits", bool, plain),
+            threads_refused=entry("threads_refused", bool, plain),
+            reads_compute=entry("reads_compute", bool, plain),
+            epochs=entry("epochs", int, plain),
+            settled=entry("settled", bool, plain),
+            tried=tuple(setting(tried, "tried") for tried in entry("tried", list, plain)),
+            trial=on_trial,
+            reason=entry("reason", str, plain),
+        )
 
 
 def _text(setting: Setting) -> str:
