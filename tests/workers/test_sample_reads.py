@@ -13,6 +13,7 @@ import gc
 import os
 import threading
 import time
+import weakref
 from typing import Any, ClassVar
 
 import pytest
@@ -604,17 +605,29 @@ def test_persistent_workers_keep_their_reads_until_the_loader_lets_go() -> None:
     assert _wait_no_reads() == []
 
 
+class _Local:
+    """An object only a frame's local holds."""
+
+
+def _look_at_the_reads(refs: list[weakref.ref[_Local]]) -> list[Any]:
+    local = _Local()
+    refs.append(weakref.ref(local))
+    return reads_module.reads_serving(threading.get_ident())
+
+
 def test_a_look_at_the_reads_in_flight_leaves_no_cycle_behind() -> None:
     """A stall report, and every process worker's answer to Stop, look at the pool's reads
     through ``sys._current_frames()``, whose dict holds the looking frame itself: kept in a
     local, it made a cycle that held every thread's frames, and their locals (a worker's
-    dataset, which a spawned worker must let go of when its loop ends), until a collection."""
-    gc.collect()
+    dataset, which a spawned worker must let go of when its loop ends), until a collection.
+    With collections off, a local of the looking frame's caller must go with the call. (Not
+    counted by ``gc.collect()``: other threads of the process make garbage of their own.)"""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        assert reads_module.reads_serving(threading.get_ident()) == []
-        assert gc.collect() == 0
+        refs: list[weakref.ref[_Local]] = []
+        assert _look_at_the_reads(refs) == []
+        assert refs[0]() is None, "the caller's frame outlived the call: a reference cycle"
     finally:
         if collecting:
             gc.enable()
