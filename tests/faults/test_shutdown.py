@@ -348,3 +348,62 @@ def test_workers_exit_when_the_main_process_is_killed(
     # Reparented workers may stay zombies if the new parent does not collect them: exited.
     assert poll(lambda: all(exited(p) for p in pids), 5.0), [p for p in pids if not exited(p)]
     assert time.monotonic() - killed < 5.0
+
+
+TORCH_AT_EXIT = """
+import sys, time, torch, ferry
+
+class InTorch(torch.utils.data.Dataset):
+    # Sample 1 spends {seconds} s in torch operations, which let go of the GIL while they run.
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        if index == 1:
+            a, end = torch.randn(600, 600), time.monotonic() + {seconds}
+            while time.monotonic() < end:
+                a = (a @ a).clamp_(-1, 1)
+        return index
+
+loader = ferry.DataLoader(
+    InTorch(), num_workers=1, worker_type="thread", timeout=0.3, persistent_workers={persistent}
+)
+{ending}
+"""
+
+ENDINGS = {
+    # the program ends with the worker's error, raised from the loop
+    "error": "for batch in loader:\n    pass",
+    # the program leaves the loop and ends on its own
+    "break": "for batch in loader:\n    break\ndel batch\nprint('done', flush=True)",
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("ending", "persistent"),
+    [("break", False), ("break", True), ("error", False)],
+    ids=["break-fresh", "break-persistent", "error-fresh"],
+)
+def test_a_thread_worker_inside_torch_at_exit_does_not_abort_the_process(
+    ending: str, persistent: bool, tmp_path: Path
+) -> None:
+    """The program ends while a thread worker is inside torch operations that let go of the
+    GIL: a daemon thread that takes the GIL back while the interpreter finalizes unwinds
+    through torch's C++ frames, and the process aborts ("terminate called without an active
+    exception", SIGABRT). The exit waits for the fetch (at most 5 s), whether or not the
+    loader that started the worker is still held: the process ends with its own status."""
+    script = tmp_path / "torch_at_exit.py"
+    script.write_text(
+        TORCH_AT_EXIT.format(seconds=2, persistent=persistent, ending=ENDINGS[ending])
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=40
+    )
+    assert "terminate called" not in done.stderr
+    if ending == "error":
+        assert done.returncode == 1, done.stderr
+        assert "WorkerTimeout" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "done\n"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
 import time
 import weakref
@@ -631,3 +632,21 @@ def test_a_look_at_the_reads_in_flight_leaves_no_cycle_behind() -> None:
     finally:
         if collecting:
             gc.enable()
+
+
+def test_the_exit_waits_for_the_reads_running_on_the_pools() -> None:
+    """At interpreter exit (crew/group.py) reads still running on a pool are waited for, up to
+    the deadline: a pool thread inside a torch operation that let go of the GIL would abort the
+    process as the interpreter finalizes."""
+    started = time.monotonic()
+    reads_module.wait_for_reads(started + 5.0)  # none runs: at once
+    assert time.monotonic() - started < 0.5
+    reads_module._SERVING[-1] = (0, "key", sys._getframe())  # (a read that runs)
+    threading.Timer(0.2, reads_module._SERVING.pop, args=(-1,)).start()
+    reads_module.wait_for_reads(started + 5.0)
+    assert 0.15 < time.monotonic() - started < 4.0
+    reads_module._SERVING[-1] = (0, "key", sys._getframe())  # (one that never ends)
+    try:
+        reads_module.wait_for_reads(time.monotonic() + 0.1)  # returns at the deadline
+    finally:
+        del reads_module._SERVING[-1]

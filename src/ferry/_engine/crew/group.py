@@ -51,7 +51,7 @@ from ferry._engine.transport.pin import Pinner
 from ferry._engine.transport.shm import SlabMaps
 from ferry._engine.transport.slabfile import recv_fd, remove_names
 from ferry._engine.work.aio import AsyncReads
-from ferry._engine.work.reads import SampleReads
+from ferry._engine.work.reads import SampleReads, wait_for_reads
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -461,20 +461,28 @@ def _explain_start_failure(exc: Exception, config: WorkerConfig, context: Any) -
 
 
 _thread_groups: weakref.WeakSet[WorkerGroup[ThreadHandle]] = weakref.WeakSet()
+# Every thread worker started, while it runs: also those of an iterator already dropped, which
+# were asked to stop and may still be in their last fetch.
+_thread_workers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
 @atexit.register
 def _join_thread_workers_at_exit() -> None:
-    """Let thread workers finish their current fetch before the interpreter finalizes."""
+    """Let thread workers, and the reads of their pools, finish their current fetch before the
+    interpreter finalizes: a daemon thread inside a torch operation that let go of the GIL takes
+    it back while the interpreter finalizes, unwinds through torch's C++ frames and aborts the
+    process ("terminate called without an active exception"). Also those of a loader dropped
+    already (a ``break`` out of the loop). At most ``_JOIN_THREADS_AT_EXIT`` in all."""
     deadline = time.monotonic() + _JOIN_THREADS_AT_EXIT
+    here = threading.current_thread()
     with _deaf_to_interrupts(interpreter_exiting()):
         for group in list(_thread_groups):
             group.stopping.set()
-            for worker in group.workers:
-                if worker.thread.is_alive():
-                    with contextlib.suppress(Exception):
-                        worker.send(Stop())
-                    worker.thread.join(max(0.0, deadline - time.monotonic()))
+            _ask_to_stop([worker for worker in group.workers if worker.thread.is_alive()])
+        for thread in list(_thread_workers):
+            if thread.is_alive() and thread is not here:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        wait_for_reads(deadline)
 
 
 def start_threads(
@@ -495,4 +503,5 @@ def start_threads(
             daemon=True,
         )
         group.workers.append(ThreadHandle(config.worker_id, thread, inbox, activity))
+        _thread_workers.add(thread)
         thread.start()

@@ -60,6 +60,7 @@ __all__ = [
     "SampleReads",
     "busy_of",
     "reads_serving",
+    "wait_for_reads",
 ]
 
 # Reads run in parallel once they wait at least this many times their CPU time.
@@ -79,6 +80,14 @@ _SERVING: dict[int, tuple[int, Any, FrameType]] = {}
 asked for the read, its key, the pool's frame that calls the dataset). A stall report shows a
 waiting worker's reads through it."""
 os.register_at_fork(after_in_child=_SERVING.clear)  # (those threads are not in the child)
+
+
+def wait_for_reads(deadline: float) -> None:
+    """Wait until no read runs on this process's pool threads, or ``deadline`` (a
+    ``time.monotonic()``): at interpreter exit, a daemon thread inside a torch operation that let
+    go of the GIL aborts the process when it takes the GIL back (see crew/group.py)."""
+    while _SERVING and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def reads_serving(thread_id: int) -> list[tuple[Any, traceback.StackSummary]]:
