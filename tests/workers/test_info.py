@@ -249,8 +249,9 @@ def test_persistent_workers_keep_their_rng_between_epochs(kind: Kind) -> None:
 
 
 def _finalized_in_workers(module: Any, kind: Kind, persistent: bool, log: Path) -> list[str]:
-    """Two epochs of a :class:`~_support.datasets.Finalized` through ``module``'s loader with
-    2 workers, then the loader dropped: the lines its copies wrote outside this process."""
+    """Epochs of a :class:`~_support.datasets.Finalized` through ``module``'s loader with 2
+    workers (persistent ones: two, which they live through; else one, whose workers end with
+    it), then the loader dropped: the lines its copies wrote outside this process."""
     loader = module.DataLoader(
         ds.Finalized(8, str(log)),
         batch_size=2,
@@ -258,7 +259,7 @@ def _finalized_in_workers(module: Any, kind: Kind, persistent: bool, log: Path) 
         persistent_workers=persistent,
         **kind.kwargs,
     )
-    for _ in range(2):
+    for _ in range(2 if persistent else 1):
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     del loader
     gc.collect()
@@ -278,8 +279,7 @@ def test_a_worker_lets_go_of_its_dataset_when_its_loop_ends(
     interpreter is whole. A forked worker's copy is also held by the main process's objects
     it inherited: not finalized there, in either loader."""
     finalized = _finalized_in_workers(ferry, kind, persistent, tmp_path / "ferry")
-    workers_started = NUM_WORKERS * (1 if persistent else 2)
-    expected = [] if kind.name == "fork" else ["True"] * workers_started
+    expected = [] if kind.name == "fork" else ["True"] * NUM_WORKERS  # (one epoch's workers)
     assert finalized == expected
     if TORCH >= (2, 14):  # torch's own workers do the same from 2.14
         assert _finalized_in_workers(tud, kind, persistent, tmp_path / "torch") == expected
