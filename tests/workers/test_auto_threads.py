@@ -185,11 +185,11 @@ def test_a_small_batch_after_a_first_read_that_opens_its_file_stays_in_processes
     batch_size: int, opens: int
 ) -> None:
     """Batches too small to read at once are judged as they were read, one after another:
-    without the worker's first read, which opened the file (with it, 20 ms against 0.5 ms
+    without the worker's first read, which opened the file (with it, 20 ms against 1 ms
     reads, every batch of one to three samples looked like waiting), and by the median of
     eight reads or more (the sums of the first two batches went by the second read that
     waited, where two do: ``opens=2``)."""
-    data = OpensAtFirstRead(n=48, work=0.0005, opens=opens)
+    data = OpensAtFirstRead(n=48, work=0.001, opens=opens)
     loader = ferry.DataLoader(
         data, batch_size=batch_size, num_workers="auto", multiprocessing_context="fork"
     )
