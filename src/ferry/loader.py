@@ -353,7 +353,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         assert self._tuner is not None
         setting = (self.num_workers, self.prefetch_factor)
         before = (self._tuner, Resumed(*setting, self.worker_type, self._threads_for_waits))
-        self._tune_as(*self._tuner.resumed(tuning, setting, self.worker_type))
+        self._tune_as(*self._tuner.resumed(tuning, setting))
         try:
             self._resume.load_state_dict(self, state_dict)
         except BaseException:

@@ -473,7 +473,7 @@ def test_tuning_goes_on_where_it_was_on_a_machine_with_the_same_cpus() -> None:
     assert "on trial" in saving.reason
     fresh = tuner(cpus=8)
     first = fresh.first()
-    resumed, options = fresh.resumed(plain(saving, trial), first, "process")
+    resumed, options = fresh.resumed(plain(saving, trial), first)
     assert (options.num_workers, options.prefetch_factor) == trial
     assert (options.worker_type, options.threads_for_waits) == ("process", False)
     assert resumed.reason.endswith("(the loaded state's tuning)")
@@ -483,7 +483,7 @@ def test_tuning_goes_on_where_it_was_on_a_machine_with_the_same_cpus() -> None:
     assert "was undone" in resumed.reason
     settled = tuner(cpus=8)
     settled.after_epoch(epoch(**BALANCED), (2, 2))
-    again, _ = tuner(cpus=8).resumed(plain(settled, (2, 2)), (8, 2), "process")
+    again, _ = tuner(cpus=8).resumed(plain(settled, (2, 2)), (8, 2))
     assert again.after_epoch(behind_and_busy(2, worker_ms=20, loop_ms=5), (2, 2)) == (2, 2)
 
 
@@ -496,7 +496,7 @@ def test_on_another_machine_the_counts_start_again_and_what_was_found_holds() ->
     saving.threads_refused = saving.reads_compute = True
     state = plain(saving, (6, 4), worker_type="thread", threads_for_waits=True)
     elsewhere = tuner(cpus=16)
-    resumed, options = elsewhere.resumed(state, elsewhere.first(), "process")
+    resumed, options = elsewhere.resumed(state, elsewhere.first())
     assert (options.num_workers, options.prefetch_factor) == (8, 2)
     assert (options.worker_type, options.threads_for_waits) == ("thread", True)
     assert resumed.threads_refused
@@ -505,21 +505,19 @@ def test_on_another_machine_the_counts_start_again_and_what_was_found_holds() ->
     # (and tuning does start again, where the saving tuner had settled)
     assert resumed.after_epoch(behind_and_busy(8, worker_ms=20, loop_ms=1), (8, 2)) != (8, 2)
     stream = tuner(cpus=16, iterable=True)
-    _, options = stream.resumed(state, stream.first(), "process")
+    _, options = stream.resumed(state, stream.first())
     assert options.num_workers == 6
 
 
 def test_only_the_options_given_as_auto_are_restored() -> None:
     saving = tuner(cpus=8)
     state = plain(saving, (6, 4))
-    _, options = tuner(num_workers=3, cpus=8).resumed(state, (3, 2), "process")
+    _, options = tuner(num_workers=3, cpus=8).resumed(state, (3, 2))
     assert (options.num_workers, options.prefetch_factor) == (3, 4)
-    _, options = tuner(auto_prefetch=False, prefetch_factor=5, cpus=8).resumed(
-        state, (8, 5), "process"
-    )
+    _, options = tuner(auto_prefetch=False, prefetch_factor=5, cpus=8).resumed(state, (8, 5))
     assert (options.num_workers, options.prefetch_factor) == (6, 5)
     own_threads = tuner(cpus=8, worker_type="thread")  # the user's worker_type="thread"
-    _, options = own_threads.resumed(state, (4, 2), "thread")
+    _, options = own_threads.resumed(state, (4, 2))
     assert (options.worker_type, options.threads_for_waits) == ("thread", False)
 
 
@@ -542,9 +540,9 @@ def test_a_malformed_tuning_names_its_entry(entry: str, value: Any) -> None:
     state = plain(tuner(cpus=8), (2, 2))
     state[entry] = value
     with pytest.raises(MalformedState, match=r"its 'tuning' entry '\w+' is"):
-        tuner(cpus=8).resumed(state, (2, 2), "process")
+        tuner(cpus=8).resumed(state, (2, 2))
     with pytest.raises(MalformedState, match="'tuning' is a list"):
-        tuner(cpus=8).resumed([], (2, 2), "process")
+        tuner(cpus=8).resumed([], (2, 2))
 
 
 # -- the loader with "auto" ---------------------------------------------------------------------

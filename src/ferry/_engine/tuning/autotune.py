@@ -459,9 +459,7 @@ class Tuner:
             "reason": self.reason,
         }
 
-    def resumed(
-        self, plain: object, current: tuple[int, int | None], worker_type: str
-    ) -> tuple[Tuner, Resumed]:
+    def resumed(self, plain: object, current: tuple[int, int | None]) -> tuple[Tuner, Resumed]:
         """A copy of this tuner that goes on from ``plain`` (a state's ``tuning``, from
         :meth:`to_plain`), and the loader's options with it (``current``: the loader's as
         built). This tuner is left as it is, for a load that fails further on.
