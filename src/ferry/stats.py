@@ -64,9 +64,10 @@ class WorkerStats:
     busy_s: float
     busy_fraction: float  # busy_s / the epoch's wall time
     # A process worker's share of anonymous memory at its latest measure, and how much that
-    # grew since its first batch of the epoch (bytes; -1 and 0: not measured, as for threads).
-    # Growth past a working set is copy-on-write of the main process's pages: see
-    # ferry._core.memory.
+    # grew since its first measure of the epoch (bytes; -1 and 0: not measured, as for threads,
+    # and for a process worker that faulted in next to no pages after its first batch: it
+    # cannot have grown). Growth past a working set is copy-on-write of the main process's
+    # pages: see ferry._core.memory.
     memory_bytes: int = -1
     memory_growth_bytes: int = 0
 
@@ -123,7 +124,7 @@ class LoaderStats:
 
     @property
     def memory_growth_bytes(self) -> int:
-        """How much the process workers' own memory grew together since their first batch
+        """How much the process workers' own memory grew together since their first measure
         of the epoch (0: not measured; see ``WorkerStats.memory_growth_bytes``)."""
         return sum(w.memory_growth_bytes for w in self.workers)
 
@@ -230,7 +231,7 @@ class LoaderStats:
         grown = self.memory_growth_bytes / 2**20
         lines = [
             f"  workers' own memory: {held:.0f} MiB, grown by {grown:.0f} MiB since their "
-            "first batch"
+            "first measure"
         ]
         if self.copy_on_write:
             lines.append(

@@ -10,6 +10,7 @@ and the doctor advises threads (its rule is tested in ``test_doctor.py``).
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import sys
 import threading
@@ -36,26 +37,33 @@ INTERVAL_S, COST_SHARE = memory.INTERVAL_S, memory.COST_SHARE  # the library's o
 
 class Strings(tud.Dataset[int]):
     """``n`` distinct Python strings in a list: the dataset that copy-on-write grows. With
-    ``walk_after``, each process's read number ``walk_after`` reads every item (so a worker
-    copies them all early in its epoch, whatever the order, and its next measures see it)."""
+    ``walk_from``, each process's reads after its ``walk_from``-th also read ``WALK_STEP``
+    items in turn, so a worker copies every item early in its epoch, whatever the order, a
+    slice a batch (as a worker reading its samples copies them: page by page), and its
+    measures see the growth."""
 
-    def __init__(self, n: int, walk_after: int = 0) -> None:
+    def __init__(self, n: int, walk_from: int = 0) -> None:
         self.items = [f"sample-{i:012d}-{'x' * (150 + i % 7)}" for i in range(n)]
-        self.walk_after = walk_after
+        self.walk_from = walk_from
         self.reads = 0  # (each worker process counts its own)
+        self.walked = 0
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index: int) -> int:
         self.reads += 1
-        if self.reads == self.walk_after:
-            sum(map(len, self.items))
+        if self.walk_from and self.reads > self.walk_from and self.walked < len(self.items):
+            sum(map(len, self.items[self.walked : self.walked + WALK_STEP]))
+            self.walked += WALK_STEP
         return len(self.items[index])
 
 
-# A worker's first batch of 256 is its baseline; its second batch reads every item.
-WALK = 300
+# A worker's first batch of 256 is made before it copies anything; from its second batch on,
+# each read copies WALK_STEP more items: 800,000 of them within the first 20,000 reads (80
+# batches of a worker's 1,563).
+WALK = 256
+WALK_STEP = 40
 
 
 # --- the measure and when it is taken -----------------------------------------------------------
@@ -91,7 +99,7 @@ def _faulting() -> Callable[[], int]:
     return lambda: next(count)
 
 
-def test_a_worker_measures_after_the_first_batch_then_at_most_four_times_a_second() -> None:
+def test_a_worker_measures_once_it_faulted_then_at_most_four_times_a_second() -> None:
     now = [0.0]
     reads: list[float] = []
 
@@ -101,7 +109,8 @@ def test_a_worker_measures_after_the_first_batch_then_at_most_four_times_a_secon
         return 100
 
     sampler = MemorySampler(read, lambda: now[0], _faulting())
-    assert sampler.after_batch() == 100  # the first batch: the baseline
+    assert sampler.after_batch() == -1  # the first batch: its fault count is noted
+    assert sampler.after_batch() == 100  # QUIET_FAULTS faults since: the baseline
     now[0] += 0.2
     assert sampler.after_batch() == -1  # not a quarter of a second yet
     now[0] += 0.1
@@ -123,6 +132,7 @@ def test_a_new_epoch_does_not_buy_a_read_beyond_the_share() -> None:
         return 100
 
     sampler = MemorySampler(read, lambda: now[0], _faulting())
+    assert sampler.after_batch() == -1
     assert sampler.after_batch() == 100
     for _ in range(10):  # 50 ms epochs
         now[0] += 0.05
@@ -213,6 +223,7 @@ def test_a_slow_measure_is_taken_less_often() -> None:
         return 1
 
     sampler = MemorySampler(read, lambda: now[0], _faulting())
+    assert sampler.after_batch() == -1
     assert sampler.after_batch() == 1
     now[0] += 2.0
     assert sampler.after_batch() == -1
@@ -222,10 +233,10 @@ def test_a_slow_measure_is_taken_less_often() -> None:
 
 def test_no_measure_where_the_system_has_none() -> None:
     calls = []
-    sampler = MemorySampler(lambda: calls.append(1) or -1, lambda: 10.0 * len(calls))
-    assert sampler.after_batch() == -1
-    assert sampler.after_batch() == -1
-    assert len(calls) == 1  # not asked again
+    sampler = MemorySampler(lambda: calls.append(1) or -1, lambda: 10.0 * len(calls), _faulting())
+    for _ in range(4):
+        assert sampler.after_batch() == -1
+    assert len(calls) == 1  # asked once (at the second batch), not again
 
 
 def test_a_worker_that_faulted_in_no_pages_keeps_its_last_figure() -> None:
@@ -241,8 +252,10 @@ def test_a_worker_that_faulted_in_no_pages_keeps_its_last_figure() -> None:
         return 100 + len(reads)
 
     sampler = MemorySampler(read, lambda: now[0], lambda: faults[0])
-    assert sampler.after_batch() == 101  # the first: read
-    assert sampler.faults == 1003
+    assert sampler.after_batch() == -1  # the first batch
+    faults[0] += memory.QUIET_FAULTS
+    assert sampler.after_batch() == 101  # the first figure
+    assert sampler.faults == 1003 + memory.QUIET_FAULTS
     now[0] += 0.3
     faults[0] += memory.QUIET_FAULTS - 1
     assert sampler.after_batch() == 101  # due, but nothing could have grown: the figure stands
@@ -258,6 +271,45 @@ def test_a_worker_that_faulted_in_no_pages_keeps_its_last_figure() -> None:
     now[0] += memory.STALE_S  # not a fault since, but it is old: a huge page needs one fault
     assert sampler.after_batch() == 103
     assert len(reads) == 3
+
+
+def test_a_worker_that_faults_in_no_pages_is_not_read_until_it_does_or_is_old() -> None:
+    """A short epoch (a validation pass, a test's dozen batches) of workers that fault in a few
+    pages a batch: no read at all (each one walked the page tables it inherited, 7-17 ms of a
+    worker's CPU, for a first figure no second one followed). Persistent workers go on
+    counting from their first batch; QUIET_FAULTS faults since it, or STALE_S, and the first
+    figure is read."""
+    now, faults = [0.0], [5000]
+    reads: list[float] = []
+
+    def read() -> int:
+        reads.append(now[0])
+        return 100
+
+    def epoch(sampler: MemorySampler) -> list[int]:
+        figures = []
+        for _ in range(12):
+            figures.append(sampler.after_batch())
+            now[0] += 0.05
+            faults[0] += 5
+        return figures
+
+    sampler = MemorySampler(read, lambda: now[0], lambda: faults[0])
+    assert epoch(sampler) == [-1] * 12
+    sampler.restart()  # the next epoch of persistent workers
+    assert epoch(sampler) == [-1] * 12
+    assert reads == []
+    faults[0] = 5000 + memory.QUIET_FAULTS  # since the first batch of the first epoch
+    assert sampler.after_batch() == 100
+    assert len(reads) == 1
+
+    old = MemorySampler(read, lambda: now[0], lambda: faults[0])
+    assert old.after_batch() == -1
+    now[0] += memory.STALE_S - 0.01
+    assert old.after_batch() == -1
+    now[0] += 0.01  # no fault since, but a huge page needs one: it is read
+    assert old.after_batch() == 100
+    assert len(reads) == 2
 
 
 def test_a_worker_whose_faults_are_not_known_reads_whenever_due() -> None:
@@ -355,14 +407,45 @@ def test_stats_show_the_growth_of_workers_that_copy_the_dataset(
     assert plain["memory_growth_bytes"] == stats.memory_growth_bytes
 
 
+class Scratch(tud.Dataset[int]):
+    """Each sample faults in a mebibyte of scratch memory of its own and gives it back: page
+    faults (the workers are measured), but no copy of anything they share."""
+
+    def __len__(self) -> int:
+        return 1024
+
+    def __getitem__(self, index: int) -> int:
+        with mmap.mmap(-1, 1 << 20) as scratch:
+            for offset in range(0, 1 << 20, 4096):
+                scratch[offset] = 1
+        return index
+
+
 @linux
 @pytest.mark.timeout(120)
 def test_workers_that_read_no_shared_objects_show_no_copy_on_write() -> None:
-    loader = ferry.DataLoader(range(4096), batch_size=64, num_workers=2)
+    loader = ferry.DataLoader(Scratch(), batch_size=64, num_workers=2)
     _, stats = _epoch(loader)
     assert all(w.memory_bytes > 0 for w in stats.workers)  # measured ...
     assert not stats.copy_on_write  # ... and small
     assert "copy-on-write" not in str(stats)
+
+
+@linux
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_a_short_epoch_of_workers_that_fault_in_next_to_nothing_reads_no_memory(
+    monkeypatch: pytest.MonkeyPatch, persistent: bool
+) -> None:
+    """Six batches a worker, each faulting in a few pages: the workers never read their
+    memory (a first figure no second one would follow), so stats() shows none."""
+    _measure_often(monkeypatch)  # (the time rules would allow a read at every batch)
+    loader = ferry.DataLoader(range(96), batch_size=8, num_workers=2, persistent_workers=persistent)
+    for _ in range(2 if persistent else 1):
+        _, stats = _epoch(loader)
+        assert [w.memory_bytes for w in stats.workers] == [-1, -1]
+        assert stats.memory_growth_bytes == 0
+        assert "workers' own memory" not in str(stats)
 
 
 @pytest.mark.timeout(60)

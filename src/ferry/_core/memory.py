@@ -14,11 +14,12 @@ batches on their way) are not anonymous memory and do not count. Where ``Pss_Ano
 (kernels before 5.x), the private pages (``Private_Clean`` + ``Private_Dirty``) stand in.
 
 Reading ``smaps_rollup`` walks the process's page tables (about 2.5 ms for a 500 MB process on
-the dev machine), so a worker reads it after the first batch of each epoch (the baseline: the
-worker's working set is in place) and then at most four times a second, and never for more than 1%
-of its time; the figure travels with the batch (``Done.memory``). The main process keeps the
-first and latest figure of each worker (``ferry.stats``), which is what ``stats()``, the
-doctor and ``num_workers="auto"`` read.
+the dev machine; a forked worker walks the tables it inherited too, so its read grows with the
+main process: 7.5 ms under a process that imported torch, 17 ms under one that also imported
+Lightning, transformers and datasets), so a worker reads it at most four times a second, and
+never for more than 1% of its time; the figure travels with the batch (``Done.memory``). The
+main process keeps the first and latest figure of each worker (``ferry.stats``), which is what
+``stats()``, the doctor and ``num_workers="auto"`` read.
 
 A page becomes resident, or a copy of its own, only through a page fault, and the kernel counts
 a process's faults for nothing (``getrusage``, ``/proc/<pid>/stat``). So a read that is due is
@@ -27,6 +28,15 @@ the last figure stands, at no cost. A worker in its steady state (its batches ma
 reuses) faults a few pages a batch and is read every :data:`STALE_S` at most; copy-on-write,
 which faults a page at each copy, is read as before. On 2 cores the reads were about 2% of a
 sleeping workload's rate (``scripts/uneven_workers.py``, docs/design/scaling.md).
+
+The first figure (the baseline the growth is counted from) follows the same rule: after its
+first batch (its working set in place) a worker only notes its fault count, and reads once it
+has taken :data:`QUIET_FAULTS` faults since, or :data:`STALE_S` after. Until then it cannot
+have grown by more than a megabyte, so a worker whose epoch ends first (a short epoch, a
+validation pass) is never read: every such epoch used to pay one read per worker for a
+baseline no second figure followed (13 ms of CPU in each 70 ms epoch of 2 workers under a
+process that imported torch, 41 ms in each 120 ms one under Lightning and transformers: the
+difference between slower than torch's loader and faster; BENCHMARKS.md, fourteenth session).
 """
 
 from __future__ import annotations
@@ -139,9 +149,9 @@ def available_memory() -> int | None:
 
 
 class MemorySampler:
-    """When a worker reads its memory: after the first batch of an epoch, then at most four
-    times a second and within 1% of its time, and only where it faulted pages in since the last
-    read (see the module docstring). :meth:`after_batch` returns the figure (the last one read,
+    """When a worker reads its memory: once it faulted pages in since its first batch (the
+    first figure) or since the last read, at most four times a second and within 1% of its
+    time (see the module docstring). :meth:`after_batch` returns the figure (the last one read,
     when nothing could have changed it), or -1 when none is due (or the system has none);
     ``faults`` is the process's fault count when that figure was read."""
 
@@ -163,10 +173,13 @@ class MemorySampler:
         # epoch's first batch otherwise: 5-7 ms of a 2-worker, 50 ms epoch (measured).
         self._allowed = 0.0
         self._available = True
+        # Before the first figure: when the first batch was made, and the fault count then.
+        self._first_batch: tuple[float, int] | None = None
 
     def restart(self) -> None:
-        """A new epoch: its next batch is measured (its baseline), unless the last read was
-        too recent for the 1% share (then the first batch due is)."""
+        """A new epoch (persistent workers): a measure is due at its next batch (its
+        baseline), unless the last read was too recent for the 1% share (then at the first
+        batch where one is); where no page was faulted in since, the figure that stands is it."""
         self._next = self._allowed
 
     def after_batch(self) -> int:
@@ -174,6 +187,8 @@ class MemorySampler:
             return -1
         started = self._clock()
         if started < self._next:
+            return -1
+        if self.value < 0 and self._not_grown_yet(started):
             return -1
         if (
             self.value >= 0
@@ -192,6 +207,20 @@ class MemorySampler:
         # (counted after the read: what reading it faulted in is not the worker's growth)
         self.value, self.faults, self._read_at = value, self._faults(), started
         return value
+
+    def _not_grown_yet(self, now: float) -> bool:
+        """No figure yet: whether the worker can have grown by no more than
+        :data:`QUIET_FAULTS` pages since its first batch (whose fault count this notes), and
+        its first batch is less than :data:`STALE_S` old: then the first read waits. Where
+        faults are not counted, the first batch is read at once."""
+        faults = self._faults()
+        if faults < 0:
+            return False
+        if self._first_batch is None:
+            self._first_batch = (now, faults)
+            return True
+        at, then = self._first_batch
+        return now - at < STALE_S and unchanged_since(then, faults)
 
 
 def resident_anon_bytes(path: str = "/proc/self/status") -> int:
@@ -212,7 +241,7 @@ def growth_verdict(
     """Whether process workers should give way to threads because of their memory growth
     (``num_workers="auto"``); returns why ("" when they stay).
 
-    ``growth``: bytes the workers together grew by since their first batch, over ``made``
+    ``growth``: bytes the workers together grew by since their first measure, over ``made``
     batches since; ``left``: batches of the epoch still to be made; ``available``: the
     memory the system could still give when the epoch began (``MemAvailable``); ``ceiling``:
     the most they can copy (each worker all of the main process's anonymous memory at the
