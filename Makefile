@@ -40,8 +40,16 @@ typecheck: $(VENV)/.installed
 TEST_PROCS ?= 2
 XDIST = -n $(TEST_PROCS) --dist loadfile
 
+# Two sessions: the tests that import a training framework (Lightning, transformers, ...) into
+# the pytest process run last, in their own, so that the processes forking the others' workers
+# stay half the size (tests/conftest.py, FRAMEWORK_FILES). Both run; either failing fails.
 unit: $(VENV)/.installed
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST)
+	@status=0; \
+	echo "$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --frameworks=apart"; \
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --frameworks=apart || status=1; \
+	echo "$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --frameworks=only"; \
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --frameworks=only || status=1; \
+	exit $$status
 
 test: lint typecheck unit test-nonumpy
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import signal
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,7 +88,67 @@ SLOW_SUITES = (
 )
 
 
+# The test files that import a training framework (Lightning, transformers, accelerate, Hugging
+# Face datasets) into the pytest process itself: the others run theirs in subprocesses. Those
+# libraries double the process (about 225 MB to 470 MB), and every worker forked from it pays:
+# a fork copies the page tables, and a forked worker's exit tears them down (measured: 19 ms
+# more CPU per worker, +25-35% on test_sdl_parity.py's 3,800 forks). `make test` therefore runs
+# them in a session of their own (``--frameworks=only``), after the others
+# (``--frameworks=apart``, whose processes never import them); a plain ``pytest`` runs all.
+FRAMEWORK_FILES = frozenset(
+    f"ecosystem/test_{name}.py"
+    for name in (
+        "accelerate",
+        "hf_datasets",
+        "lightning",
+        "lightning_injection",
+        "lightning_iterators",
+        "lightning_resume",
+        "lightning_resume_rng",
+        "lightning_tuner",
+        "migrated_checks",
+        "transformers",
+    )
+)
+FRAMEWORK_MODULES = ("lightning", "pytorch_lightning", "transformers", "accelerate", "datasets")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--frameworks",
+        choices=("with", "apart", "only"),
+        default="with",
+        help="the test files that import a training framework into the pytest process: run "
+        "them with the others (with, the default), leave them out (apart), or run only them "
+        "(only); `make test` runs apart, then only (tests/conftest.py says why)",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    mode = config.getoption("--frameworks")
+    if mode == "with" or collection_path.suffix != ".py":
+        return None
+    tests = Path(__file__).parent
+    try:
+        where = collection_path.relative_to(tests).as_posix()
+    except ValueError:
+        return None
+    if mode == "apart":
+        return True if where in FRAMEWORK_FILES else None
+    return (
+        True if collection_path.name.startswith("test_") and where not in FRAMEWORK_FILES else None
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--frameworks") == "apart":
+        imported = [name for name in FRAMEWORK_MODULES if name in sys.modules]
+        if imported:
+            raise pytest.UsageError(
+                f"--frameworks=apart: collecting the tests imported {', '.join(imported)} into "
+                "the pytest process; list the test file that imports it at module level in "
+                "FRAMEWORK_FILES (tests/conftest.py), or import it inside its tests"
+            )
     tests = Path(__file__).parent
     slow = set()
     for item in items:
