@@ -213,12 +213,21 @@ def run_epochs(
     return passes, torch.rand(1), own
 
 
+def seed_cpu(seed: int) -> None:
+    """``torch.manual_seed(seed)`` as a program on a machine without an accelerator sees it:
+    the CPU generator is seeded, the one both loaders draw from. torch's function also queues a
+    seed for each accelerator backend it might initialise later, and each queued call formats
+    the whole stack, pytest's included: 3-5 ms a call (34 of the 57 s that test_sdl_parity's
+    relay cases took, in cProfile). The comparisons seed before each loader they build."""
+    torch.default_generator.manual_seed(seed)
+
+
 def differential(build: Callable[[Any], Any], *, seed: int = 0, **kwargs: Any) -> None:
     """Build a loader with each library (``build(module)``), iterate both from the same global
     RNG state, and assert identical batches, exceptions and RNG state afterwards."""
     results = []
     for module in MODULES:
-        torch.manual_seed(seed)
+        seed_cpu(seed)
         results.append(outcome(lambda module=module: run_epochs(build(module), **kwargs)))
     assert_same_outcome(results[0], results[1], "loader")
 

@@ -35,6 +35,7 @@ import torch.utils.data as tud
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import ferry
+from _support.compare import seed_cpu
 
 GLOBAL_SEED = 1234
 SAMPLER_SEED = 7
@@ -288,8 +289,9 @@ def make_dataset(setup: Setup) -> Any:
 
 def build(lib: str, setup: Setup, dataset: Any = None) -> Any:
     """The program's loader in ``lib`` (``"sdl"`` or ``"ferry"``), built right after
-    ``torch.manual_seed(GLOBAL_SEED)``, with a fresh dataset unless one is given."""
-    torch.manual_seed(GLOBAL_SEED)
+    ``torch.manual_seed(GLOBAL_SEED)`` (its CPU part: :func:`_support.compare.seed_cpu`), with a
+    fresh dataset unless one is given."""
+    seed_cpu(GLOBAL_SEED)
     if dataset is None:
         dataset = make_dataset(setup)
     kwargs: dict[str, Any] = {

@@ -16,7 +16,7 @@ import torch
 import torch.utils.data as tud
 
 import ferry
-from _support.compare import Raised, assert_same_outcome, outcome
+from _support.compare import Raised, assert_same_outcome, outcome, seed_cpu
 from _support.processes import Kind
 
 Build = Callable[[Any], tuple[Any, dict[str, Any]]]
@@ -53,7 +53,7 @@ def _torch_result(build: Build, seed: int, epochs: int, take: int | None, shared
     key = _cache_key(build, seed, epochs, take, sorted(shared.items()))
     if key not in _TORCH_RESULTS:
         dataset, kwargs = build(tud)
-        torch.manual_seed(seed)
+        seed_cpu(seed)
 
         def run() -> bytes:
             loader = tud.DataLoader(dataset, **kwargs, **shared, multiprocessing_context="fork")
@@ -80,7 +80,7 @@ def compare(
     state after. Returns ferry's batches."""
     expected = _torch_result(build, seed, epochs, take, shared)
     dataset, kwargs = build(ferry)
-    torch.manual_seed(seed)
+    seed_cpu(seed)
     own = {**kind.kwargs, **(ferry_only or {})}
     got = outcome(
         lambda: collect(ferry.DataLoader(dataset, **kwargs, **shared, **own), epochs, take)
