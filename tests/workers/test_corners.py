@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import functools
-import gc
 import os
 import re
 from collections.abc import Callable
@@ -65,12 +64,11 @@ def until_error(iterator: Any, limit: int = 20) -> tuple[list[Any], BaseExceptio
 def close_torch(iterator: Any) -> None:
     """Stop a torch iterator's workers now. One left to the garbage collector (an exception's
     traceback keeps it in a cycle) is inherited by the fork workers started next, and its
-    ``__del__`` run there stalls them for seconds."""
+    ``__del__`` run there stalls them for seconds; once stopped, its ``__del__`` has nothing
+    left to do. (A collection here freed nothing: the callers still hold the iterator.)"""
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
-    del iterator
-    gc.collect()
 
 
 # -- iter(loader)._workers ---------------------------------------------------------------------
