@@ -374,12 +374,17 @@ def _collector_frozen(context: Any) -> Iterator[None]:
     generation, so their garbage collections never walk them: a collection writes to every
     object it visits (its GC header), which copies the pages they sit on in each worker
     (copy-on-write; about 35 MB a worker measured on 3M dicts, see docs/design/memory.md).
-    The main process's objects go back to its oldest generation at once."""
+    The main process's objects go back to its oldest generation at once.
+
+    A program that froze objects itself (``gc.freeze()``, the advice for forking servers and
+    loaders) keeps them frozen: ``gc.unfreeze()`` cannot tell its objects from the ones frozen
+    here, and would give the program's back to its collector (its freeze undone by the first
+    epoch). Its workers then walk only what it made since it froze."""
     if context.get_start_method() != "fork":
         yield
         return
     ready_to_fork()
-    if not gc.isenabled():
+    if not gc.isenabled() or gc.get_freeze_count():
         yield
         return
     gc.freeze()
