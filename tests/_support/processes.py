@@ -19,7 +19,13 @@ from typing import Any
 
 FAST = ("fork", "thread")
 """Worker kinds that start in milliseconds: the broad matrix runs on these."""
-PROCESSES = ("fork", "spawn", "forkserver")
+PROCESSES = ("fork", "forkserver")
+"""Process workers forked with the main process's memory, and ones that unpickle their
+arguments in a process of their own (a forkserver's child). A spawned worker runs the same
+code as the latter behind a start of its own interpreter (3 s of CPU here, to import torch):
+the tests whose point is spawn itself (its slow start, its import of the main module, a
+Ctrl-C or a kill while it starts, torch's order with it) name it; a matrix over kinds does
+not repeat it."""
 ALL = ("fork", "spawn", "forkserver", "thread")
 
 _HELPERS = (

@@ -465,9 +465,9 @@ def test_thread_workers_and_the_inline_loader_have_nothing_to_measure() -> None:
 def test_auto_moves_to_threads_when_the_growth_would_exceed_the_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    dataset = Strings(800_000, WALK)
-    # A machine with little memory to spare: 160 MiB, of which the workers may take half.
-    monkeypatch.setattr(switch, "available_memory", lambda: 160 * MiB)
+    dataset = Strings(400_000, WALK)  # (each worker copies about 85 MiB of it)
+    # A machine with little memory to spare: 80 MiB, of which the workers may take half.
+    monkeypatch.setattr(switch, "available_memory", lambda: 80 * MiB)
     _measure_often(monkeypatch)
 
     def loader(workers: Any) -> ferry.DataLoader[Any]:
@@ -484,7 +484,7 @@ def test_auto_moves_to_threads_when_the_growth_would_exceed_the_memory(
     first, stats = _epoch(auto)
     assert stats.engine == "thread"
     assert "copy-on-write" in stats.tuning
-    assert "160 MiB available" in stats.tuning
+    assert "80 MiB available" in stats.tuning
     second, stats = _epoch(auto)
     assert stats.engine == "thread"
     assert auto.worker_type == "thread"  # kept for the next epochs
