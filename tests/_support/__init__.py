@@ -8,8 +8,8 @@ imported as ``_support.MODULE``; worker processes import the datasets by that na
 * :mod:`_support.strategies`: Hypothesis strategies for samples (nested containers of tensors,
   arrays and scalars).
 * :mod:`_support.processes`: worker kinds (:class:`~_support.processes.Kind`, ``FAST``,
-  ``PROCESSES`` (fork and forkserver), ``ALL``), the process tree below this one, polling, file descriptors and
-  mappings of this process, live ferry threads.
+  ``PROCESSES`` (fork and forkserver), ``ALL``), the process tree below this one, polling,
+  file descriptors and mappings of this process, live ferry threads.
 * :mod:`_support.fixtures`: the ``kind`` and ``no_leftovers`` fixtures, imported by the
   ``conftest.py`` of ``workers/``, ``faults/`` and ``resume/``.
 * :mod:`_support.datasets`: module-level datasets, collate functions and worker_init_fns

@@ -517,7 +517,7 @@ WORKER_FAILURES = [
     Case(
         "worker_timeout",
         lambda m: first_batch(
-            m, ds.Slow(2, 3.0), num_workers=1, timeout=1, multiprocessing_context="fork"
+            m, ds.Slow(2, 1.5), num_workers=1, timeout=1, multiprocessing_context="fork"
         ),
         RuntimeError,
         ("DataLoader timed out after 1 seconds",),
@@ -526,7 +526,7 @@ WORKER_FAILURES = [
     Case(
         "worker_timeout_fractional",
         lambda m: first_batch(
-            m, ds.Slow(2, 3.0), num_workers=1, timeout=0.5, multiprocessing_context="fork"
+            m, ds.Slow(2, 1.0), num_workers=1, timeout=0.5, multiprocessing_context="fork"
         ),
         RuntimeError,
         (r"DataLoader timed out after 0\.5 seconds",),
