@@ -133,11 +133,11 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         where = collection_path.relative_to(tests).as_posix()
     except ValueError:
         return None
-    if mode == "apart":
-        return True if where in FRAMEWORK_FILES else None
-    return (
-        True if collection_path.name.startswith("test_") and where not in FRAMEWORK_FILES else None
+    listed = where in FRAMEWORK_FILES
+    leave_out = (
+        listed if mode == "apart" else collection_path.name.startswith("test_") and not listed
     )
+    return True if leave_out else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
