@@ -40,15 +40,22 @@ typecheck: $(VENV)/.installed
 TEST_PROCS ?= 2
 XDIST = -n $(TEST_PROCS) --dist loadfile
 
+# The test sessions keep what Python compiles (__pycache__, ignored by git) even where the
+# environment says not to (PYTHONDONTWRITEBYTECODE=1, as on some CI images): otherwise each
+# xdist process of each session rewrites the asserts of every test module again (6 of its 11 s
+# of collection on 2 cores), and each spawned worker and test program compiles the modules it
+# imports again (up to a second each).
+PYTEST = PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -p no:cacheprovider
+
 # Two sessions: the tests that import a training framework (Lightning, transformers, ...) into
 # the pytest process run last, in their own, so that the processes forking the others' workers
 # stay half the size (tests/conftest.py, FRAMEWORK_FILES). Both run; either failing fails.
 unit: $(VENV)/.installed
 	@status=0; \
-	echo "$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --frameworks=apart"; \
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --frameworks=apart || status=1; \
-	echo "$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --frameworks=only"; \
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --frameworks=only || status=1; \
+	echo "$(PYTEST) $(XDIST) --frameworks=apart"; \
+	$(PYTEST) $(XDIST) --frameworks=apart || status=1; \
+	echo "$(PYTEST) $(XDIST) --frameworks=only"; \
+	$(PYTEST) $(XDIST) --frameworks=only || status=1; \
 	exit $$status
 
 test: lint typecheck unit test-nonumpy
@@ -64,13 +71,13 @@ NONUMPY_TESTS := tests/test_no_numpy.py tests/test_loader.py tests/test_samplers
   tests/workers/test_threads.py tests/workers/test_zero_copy.py
 test-nonumpy: $(VENV)/.installed
 	PYTHONPATH=$(CURDIR)/tests/_support/no_numpy FERRY_TESTS_WITHOUT_NUMPY=1 \
-	  $(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow" \
+	  $(PYTEST) $(XDIST) -m "not slow" \
 	  --ignore=tests/resume/test_rng.py $(NONUMPY_TESTS)
 
 # The fast loop: lint, types, and the tests not marked slow (the slow suites are listed in
 # tests/conftest.py); CI and `make test` run them all.
 test-fast: lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow"
+	$(PYTEST) $(XDIST) -m "not slow"
 
 # `make bench`: every workload family, about 2 minutes on 2 idle cores. The heavier rows are
 # their own targets: bench-io (io10 and io50 at full size, about 8 minutes on 2 cores) and
