@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import faulthandler
 import multiprocessing
 import os
 import random
@@ -365,6 +366,9 @@ class DieAt:
             if self.how == "exit":
                 os._exit(3)
             elif self.how == "segv":
+                # pytest's fault handler, inherited by a forked worker, would print this
+                # deliberate crash's stack into the test log as if something had gone wrong.
+                faulthandler.disable()
                 ctypes.string_at(0)
             elif self.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
