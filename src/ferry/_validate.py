@@ -47,46 +47,85 @@ def as_int(name: str, value: object, *, allow_bool: bool) -> int:
         raise TypeError(f"{name} must be an integer, got {_got(value)}") from None
 
 
+_NEGATIVE = {
+    "num_workers": "num_workers option should be non-negative; use num_workers=0 to disable "
+    "multiprocessing (load in the main process), got num_workers={}",
+    "prefetch_factor": "prefetch_factor option should be non-negative (batches loaded ahead "
+    "per worker), got prefetch_factor={}",
+}
+
+
+def _compared_count(name: str, value: object) -> int | float:
+    """``num_workers`` or ``prefetch_factor`` (``name``) as torch's constructor reads it: an
+    integer (a bool and numpy's integers too) as an ``int``, a ValueError below 0. torch only
+    compares a real number that is not an integer there (it counts with it later, in
+    ``iter()``): such a number below 0 is the same ValueError, 0 where it equals 0
+    (``num_workers=0.0`` loads in the main process in torch), and itself otherwise, for the
+    caller to refuse once torch's constructor checks have passed (see :func:`as_count`)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        if value < 0:
+            raise ValueError(_NEGATIVE[name].format(value))
+        return 0 if value == 0 else float(value)
+    try:
+        count = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f'{name} must be an integer or "auto", got {_got(value)}') from None
+    if count < 0:
+        raise ValueError(_NEGATIVE[name].format(count))
+    return count
+
+
+def _counted(name: str, value: int | float) -> int:
+    """``value`` from :func:`_compared_count`, which torch counts with (``range(value)``):
+    a number that is not an integer is a TypeError there, as in torch's ``iter()``."""
+    if isinstance(value, float):
+        raise TypeError(
+            f'{name} must be an integer or "auto", got {_got(value)}: it is a count, and '
+            "torch's DataLoader fails on it too, at iter()"
+        )
+    return value
+
+
+def as_count(name: str, value: object) -> int:
+    """``num_workers`` or ``prefetch_factor`` (``name``): a non-negative integer, as torch
+    reads it (:func:`_compared_count`: ``0.0`` is 0); ValueError below 0, TypeError if not
+    an integer."""
+    return _counted(name, _compared_count(name, value))
+
+
 def worker_options(
     num_workers: object, prefetch_factor: object, timeout: object, persistent_workers: bool
 ) -> tuple[int, int | None]:
     """``num_workers`` and ``prefetch_factor`` checked (with ``timeout`` and
-    ``persistent_workers``, which depend on them); prefetch_factor defaults to 2 with workers."""
-    num_workers = as_int("num_workers", num_workers, allow_bool=True)
+    ``persistent_workers``, which depend on them) in torch's order, so that of two bad options
+    the same one is named; prefetch_factor defaults to 2 with workers."""
+    workers = _compared_count("num_workers", num_workers)
     # Any real number, as torch takes: numpy's scalars and bools included.
     if not isinstance(timeout, numbers.Real):
         raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-    if num_workers < 0:
-        raise ValueError(
-            "num_workers option should be non-negative; use num_workers=0 to disable "
-            f"multiprocessing (load in the main process), got num_workers={num_workers}"
-        )
-    if num_workers == 0 and prefetch_factor is not None:
-        raise ValueError(
-            "prefetch_factor option could only be specified in multiprocessing: it is the "
-            "number of batches each worker loads ahead, so with num_workers=0 leave it None "
-            f"(or set num_workers > 0), got prefetch_factor={prefetch_factor!r}"
-        )
-    if prefetch_factor is not None:
-        prefetch_factor = as_int("prefetch_factor", prefetch_factor, allow_bool=True)
     if timeout < 0:
         raise ValueError(
             "timeout option should be non-negative: it is the seconds to wait for a batch "
             f"from a worker (0 waits forever), got timeout={timeout}"
         )
-    if num_workers > 0 and prefetch_factor is None:
-        prefetch_factor = 2
-    elif prefetch_factor is not None and prefetch_factor < 0:
+    if workers == 0 and prefetch_factor is not None:
         raise ValueError(
-            "prefetch_factor option should be non-negative (batches loaded ahead per "
-            f"worker), got prefetch_factor={prefetch_factor}"
+            "prefetch_factor option could only be specified in multiprocessing: it is the "
+            "number of batches each worker loads ahead, so with num_workers=0 leave it None "
+            f"(or set num_workers > 0), got prefetch_factor={prefetch_factor!r}"
         )
-    if persistent_workers and num_workers == 0:
+    prefetch: int | float | None = None
+    if prefetch_factor is not None:
+        prefetch = _compared_count("prefetch_factor", prefetch_factor)
+    elif workers > 0:
+        prefetch = 2
+    if persistent_workers and workers == 0:
         raise ValueError(
             "persistent_workers option needs num_workers > 0: it keeps the worker "
             "processes alive between epochs, got num_workers=0"
         )
-    return num_workers, prefetch_factor
+    count = _counted("num_workers", workers)
+    return count, None if prefetch is None else _counted("prefetch_factor", prefetch)
 
 
 def available_cpus() -> tuple[int | None, bool]:

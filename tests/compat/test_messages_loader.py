@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 
+import ferry
 from _support import datasets as ds
 from _support.compare import stream_dataset
 from _support.torch_versions import needs_torch
@@ -197,6 +199,53 @@ OPTIONS = [
         lambda m: loader(m, num_workers=1, prefetch_factor=-1),
         ValueError,
         ("prefetch_factor option should be non-negative",),
+    ),
+    # A count that is a real number but not an integer: torch compares it in its constructor
+    # and counts with it only in iter(). So a negative one is the non-negative ValueError, and
+    # while torch's constructor checks run, one above 0 is no error yet: a later option's is.
+    Case(
+        "num_workers_negative_float",
+        lambda m: loader(m, num_workers=-0.5),
+        ValueError,
+        ("num_workers option should be non-negative",),
+    ),
+    Case(
+        "prefetch_factor_negative_float",
+        lambda m: loader(m, num_workers=1, prefetch_factor=-0.5),
+        ValueError,
+        ("prefetch_factor option should be non-negative",),
+    ),
+    Case(
+        "timeout_negative_beside_float_workers",
+        lambda m: loader(m, num_workers=1.5, timeout=-1),
+        ValueError,
+        ("timeout option should be non-negative",),
+    ),
+    Case(
+        "prefetch_factor_negative_beside_float_workers",
+        lambda m: loader(m, num_workers=1.5, prefetch_factor=-1),
+        ValueError,
+        ("prefetch_factor option should be non-negative",),
+    ),
+    # A string prefetch_factor (not "auto") comes after torch's checks of the options before
+    # it: without workers, it is any prefetch_factor's ValueError.
+    Case(
+        "prefetch_factor_string_without_workers",
+        lambda m: loader(m, prefetch_factor="2"),
+        ValueError,
+        ("prefetch_factor option could only be specified in multiprocessing",),
+    ),
+    Case(
+        "prefetch_factor_string_beside_negative_workers",
+        lambda m: loader(m, num_workers=-1, prefetch_factor="2"),
+        ValueError,
+        ("num_workers option should be non-negative",),
+    ),
+    Case(
+        "prefetch_factor_string_beside_negative_timeout",
+        lambda m: loader(m, num_workers=1, prefetch_factor="2", timeout=-1),
+        ValueError,
+        ("timeout option should be non-negative",),
     ),
     Case(
         "persistent_workers_without_workers",
@@ -615,6 +664,34 @@ WORKER_FAILURES = [
 @pytest.mark.parametrize("case", params(OPTIONS))
 def test_option_errors(case: Case) -> None:
     check(case)
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [0.0, -0.0, np.float64(0), np.float32(0), False],
+    ids=["float", "minus-zero", "numpy-float64", "numpy-float32", "False"],
+)
+def test_a_count_of_workers_that_equals_0_loads_in_the_main_process_as_in_torch(
+    workers: Any,
+) -> None:
+    """torch only compares num_workers with 0 in its constructor: ``0.0`` (a float from a
+    config file) loads in the main process there, and in ferry."""
+    theirs = [b.tolist() for b in loader(torch.utils.data, num_workers=workers, batch_size=3)]
+    ours = ferry.DataLoader(DATA, num_workers=workers, batch_size=3)
+    assert [b.tolist() for b in ours] == theirs
+    assert ours.num_workers == 0
+
+
+# torch's iterator, whose __init__ failed at range(), fails again in __del__ (no _shutdown yet).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("workers", [1.5, 2.0, float("nan"), float("inf")])
+def test_a_count_of_workers_that_is_not_an_integer_is_refused_at_once(workers: float) -> None:
+    """torch takes it in its constructor and fails with a TypeError at iter() (range(2.0));
+    ferry raises that TypeError in the constructor, naming the option."""
+    with pytest.raises(TypeError):
+        list(loader(torch.utils.data, num_workers=workers))
+    with pytest.raises(TypeError, match=r'num_workers must be an integer or "auto", got'):
+        ferry.DataLoader(DATA, num_workers=workers)
 
 
 @pytest.mark.parametrize("case", params(ITERATION))

@@ -446,7 +446,7 @@ def test_a_fixed_option_is_checked_as_without_auto() -> None:
     """ferry refuses a float count (torch fails later, in range()); "auto" beside it changes
     nothing."""
     for prefetch in (2, "auto"):
-        with pytest.raises(TypeError, match=r"num_workers must be an integer, got 2\.0"):
+        with pytest.raises(TypeError, match=r'num_workers must be an integer or "auto", got 2\.0'):
             ferry.DataLoader(ds.Indices(10), num_workers=2.0, prefetch_factor=prefetch)  # type: ignore[arg-type]
 
 

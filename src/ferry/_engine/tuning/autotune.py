@@ -63,7 +63,7 @@ from typing import Any, Literal
 
 from ferry._core.memory import available_memory as meminfo_available
 from ferry._engine.work.reads import PARALLEL_FROM
-from ferry._validate import as_int, available_cpus
+from ferry._validate import as_count, available_cpus
 from ferry.errors import MalformedState
 from ferry.stats import LoaderStats
 
@@ -197,16 +197,12 @@ class Tuner:
         """A tuner when either option is ``"auto"`` (None otherwise: the loader validates the
         options as usual). Out-of-range values of the other option are left for the loader's
         checks to reject, with their usual messages."""
-        for name, value in (("num_workers", num_workers), ("prefetch_factor", prefetch_factor)):
-            if isinstance(value, str) and value != "auto":
-                # torch raises TypeError for a string too (comparing it with 0).
-                raise TypeError(f'{name} must be an integer or "auto", got {value!r} (str)')
+        # Neither "auto": any other value (a string too) is the loader's to check, in torch's
+        # order (validate.worker_options).
         auto_workers, auto_prefetch = num_workers == "auto", prefetch_factor == "auto"
         if not (auto_workers or auto_prefetch):
             return None
-        fixed_workers = (
-            None if auto_workers else as_int("num_workers", num_workers, allow_bool=True)
-        )
+        fixed_workers = None if auto_workers else as_count("num_workers", num_workers)
         if auto_prefetch and fixed_workers == 0:
             raise ValueError(
                 "prefetch_factor option could only be specified in multiprocessing: it is the "
@@ -216,7 +212,7 @@ class Tuner:
         fixed_prefetch = (
             None
             if auto_prefetch or prefetch_factor is None
-            else as_int("prefetch_factor", prefetch_factor, allow_bool=True)
+            else as_count("prefetch_factor", prefetch_factor)
         )
         return cls(
             fixed_workers,
