@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import Any, TypeVar
 
@@ -124,7 +125,9 @@ class DistributedSampler(  # type: ignore[misc]
             process group (a ``RuntimeError`` and a ``ValueError``, like torch's).
         ValueError: ``num_replicas`` is not positive, or ``rank`` is outside
             ``[0, num_replicas)``.
-        TypeError: an option has the wrong type, or ``dataset`` has no length.
+        TypeError: ``num_replicas``, ``rank`` or ``seed`` is not an integer, ``pad`` not a
+            bool, or ``dataset`` has no length (``shuffle`` and ``drop_last`` are read as true
+            or false, as torch reads them).
 
     Iterating raises :class:`DatasetLengthChangedError` when the dataset's length changed
     since construction, and ``AssertionError`` (or ``ValueError``) when ``rank`` or
@@ -178,8 +181,12 @@ class DistributedSampler(  # type: ignore[misc]
             num_replicas = _required_from_group("num_replicas")[1]
         if rank is None:
             rank = _required_from_group("rank")[0]
-        num_replicas = as_int("num_replicas", num_replicas, allow_bool=False)
-        rank = as_int("rank", rank, allow_bool=False)
+        # As torch's: the rank is placed among the ranks first (a number that is not an
+        # integer too: torch fails on it only later, when it slices), then both are integers.
+        given: dict[str, object] = {"num_replicas": num_replicas, "rank": rank}
+        for name, value in given.items():
+            if not isinstance(value, numbers.Real):
+                as_int(name, value, allow_bool=True)  # TypeError unless an integer type
         if num_replicas <= 0:
             raise ValueError(
                 f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]: "
@@ -190,6 +197,8 @@ class DistributedSampler(  # type: ignore[misc]
                 f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}] "
                 f"(one of the num_replicas={num_replicas} ranks)"
             )
+        num_replicas = as_int("num_replicas", num_replicas, allow_bool=True)
+        rank = as_int("rank", rank, allow_bool=True)
         try:
             length = len(dataset)
         except TypeError as exc:
@@ -204,9 +213,10 @@ class DistributedSampler(  # type: ignore[misc]
         self.rank = rank
         self.epoch = 0
         self._epoch_set = False  # whether set_epoch chose the epoch (see _run_chunks)
-        self.shuffle = check_bool("shuffle", shuffle, error=TypeError)
-        self.seed = as_int("seed", seed, allow_bool=False)
-        self.drop_last = check_bool("drop_last", drop_last, error=TypeError)
+        # torch takes any value for these two, as true or false (shuffle=1 from a config).
+        self.shuffle = bool(shuffle)
+        self.seed = as_int("seed", seed, allow_bool=True)
+        self.drop_last = bool(drop_last)
         self.pad = check_bool("pad", pad, error=TypeError)
         self._length = length
 
@@ -230,7 +240,7 @@ class DistributedSampler(  # type: ignore[misc]
             ...     sampler.set_epoch(epoch)
             ...     for batch in loader: ...
         """
-        self.epoch = as_int("epoch", epoch, allow_bool=False)
+        self.epoch = as_int("epoch", epoch, allow_bool=True)
         self._epoch_set = True
 
     def __len__(self) -> int:

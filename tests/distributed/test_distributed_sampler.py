@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -212,20 +213,71 @@ def test_num_replicas_must_be_positive(num_replicas: int) -> None:
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("rank", 1.0), ("num_replicas", "2"), ("seed", 1.5), ("rank", True)],
+    [("rank", 1.0), ("num_replicas", "2"), ("seed", 1.5), ("num_replicas", 2.0)],
 )
 def test_integer_options_reject_other_types(option: str, value: object) -> None:
+    """torch fails on these too: at the first slice or seed (TypeError, RuntimeError), or
+    comparing a string with the rank."""
     kwargs: dict[str, object] = {"num_replicas": 2, "rank": 0, option: value}
     with pytest.raises(TypeError, match=rf"{option} must be an integer, got {value!r}"):
         DistributedSampler(range(4), **kwargs)
 
 
-@pytest.mark.parametrize("option", ["shuffle", "drop_last", "pad"])
-def test_bool_options_reject_other_types(option: str) -> None:
+@pytest.mark.parametrize(
+    ("num_replicas", "rank"), [(1.0, 1), (0, 1.0), (2.5, -1), (np.float64(2), 3)]
+)
+def test_a_rank_outside_the_ranks_is_named_first_as_in_torch(
+    num_replicas: float, rank: float
+) -> None:
+    """torch places the rank among the ranks before it uses either as an integer: a rank
+    outside them is its ValueError even where one of the two is a float."""
+    with pytest.raises(ValueError, match="Invalid rank") as theirs:
+        TorchDistributedSampler(range(4), num_replicas=num_replicas, rank=rank)  # type: ignore[arg-type]
     with pytest.raises(
-        TypeError, match=rf"{option} should be a boolean value, but got {option}=1 \(int\)"
-    ):
-        DistributedSampler(range(4), num_replicas=2, rank=0, **{option: 1})
+        ValueError, match=r"Invalid rank .*, rank should be in the interval"
+    ) as ours:
+        DistributedSampler(range(4), num_replicas=num_replicas, rank=rank)  # type: ignore[arg-type]
+    assert str(theirs.value).split(":")[0] in str(ours.value)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"shuffle": 1},
+        {"shuffle": 0},
+        {"shuffle": "yes"},
+        {"drop_last": 1},
+        {"drop_last": None},
+        {"rank": True},
+        {"rank": False, "num_replicas": True},
+        {"seed": True, "shuffle": 1},
+        {"rank": np.int64(1), "num_replicas": np.int32(3)},
+    ],
+    ids=str,
+)
+def test_values_torch_takes_as_true_false_or_integers_give_its_indices(
+    options: dict[str, Any],
+) -> None:
+    """torch's sampler takes any value for shuffle and drop_last (as true or false) and a bool
+    as an integer (rank=True): a program that passes them keeps working."""
+    kwargs = {"num_replicas": 2, "rank": 0, "seed": 3, **options}
+    theirs, ours = (
+        TorchDistributedSampler(range(9), **kwargs),
+        DistributedSampler(range(9), **kwargs),
+    )
+    for epoch in (0, True, 2):
+        theirs.set_epoch(epoch)
+        ours.set_epoch(epoch)
+        assert list(ours) == list(theirs)
+        assert len(ours) == len(theirs)
+    assert ours.shuffle == bool(theirs.shuffle)
+    assert ours.drop_last == bool(theirs.drop_last)
+
+
+def test_pad_takes_only_a_bool() -> None:
+    """pad is ferry's own option: only True or False."""
+    with pytest.raises(TypeError, match=r"pad should be a boolean value, but got pad=1 \(int\)"):
+        DistributedSampler(range(4), num_replicas=2, rank=0, pad=1)  # type: ignore[arg-type]
 
 
 def test_set_epoch_rejects_a_float() -> None:
