@@ -11,6 +11,7 @@ import numbers
 import operator
 import os
 from multiprocessing.context import BaseContext
+from typing import Any
 
 
 def _got(value: object) -> str:
@@ -55,30 +56,33 @@ _NEGATIVE = {
 }
 
 
-def _compared_count(name: str, value: object) -> int | float:
+def _compared_count(name: str, value: object) -> Any:
     """``num_workers`` or ``prefetch_factor`` (``name``) as torch's constructor reads it: an
-    integer (a bool and numpy's integers too) as an ``int``, a ValueError below 0. torch only
-    compares a real number that is not an integer there (it counts with it later, in
-    ``iter()``): such a number below 0 is the same ValueError, 0 where it equals 0
-    (``num_workers=0.0`` loads in the main process in torch), and itself otherwise, for the
-    caller to refuse once torch's constructor checks have passed (see :func:`as_count`)."""
-    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
-        if value < 0:
-            raise ValueError(_NEGATIVE[name].format(value))
-        return 0 if value == 0 else float(value)
+    integer (a bool and numpy's integers too) as an ``int``, a ValueError below 0. Anything
+    else torch only compares there (it counts with it later, in ``iter()``), so it is what that
+    comparison makes of it: the same ValueError below 0, 0 where it equals 0 (``0.0``,
+    ``numpy.False_``: torch loads in the main process), a TypeError where it cannot be compared
+    (a string, None), and the value itself otherwise, for the caller to refuse once torch's
+    constructor checks have passed (:func:`_counted`)."""
     try:
         count = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(f'{name} must be an integer or "auto", got {_got(value)}') from None
+        try:
+            negative, zero = bool(value < 0), bool(value == 0)  # type: ignore[operator]
+        except Exception:
+            raise TypeError(f'{name} must be an integer or "auto", got {_got(value)}') from None
+        if negative:
+            raise ValueError(_NEGATIVE[name].format(value)) from None
+        return 0 if zero else value
     if count < 0:
         raise ValueError(_NEGATIVE[name].format(count))
     return count
 
 
-def _counted(name: str, value: int | float) -> int:
+def _counted(name: str, value: Any) -> int:
     """``value`` from :func:`_compared_count`, which torch counts with (``range(value)``):
-    a number that is not an integer is a TypeError there, as in torch's ``iter()``."""
-    if isinstance(value, float):
+    anything but an integer is a TypeError there, as in torch's ``iter()``."""
+    if not isinstance(value, int):
         raise TypeError(
             f'{name} must be an integer or "auto", got {_got(value)}: it is a count, and '
             "torch's DataLoader fails on it too, at iter()"
@@ -114,7 +118,7 @@ def worker_options(
             "number of batches each worker loads ahead, so with num_workers=0 leave it None "
             f"(or set num_workers > 0), got prefetch_factor={prefetch_factor!r}"
         )
-    prefetch: int | float | None = None
+    prefetch: Any = None
     if prefetch_factor is not None:
         prefetch = _compared_count("prefetch_factor", prefetch_factor)
     elif workers > 0:

@@ -668,8 +668,8 @@ def test_option_errors(case: Case) -> None:
 
 @pytest.mark.parametrize(
     "workers",
-    [0.0, -0.0, np.float64(0), np.float32(0), False],
-    ids=["float", "minus-zero", "numpy-float64", "numpy-float32", "False"],
+    [0.0, -0.0, np.float64(0), np.float32(0), False, np.False_, torch.tensor(0.0)],
+    ids=["float", "minus-zero", "numpy-float64", "numpy-float32", "False", "numpy-False", "tensor"],
 )
 def test_a_count_of_workers_that_equals_0_loads_in_the_main_process_as_in_torch(
     workers: Any,
@@ -684,8 +684,8 @@ def test_a_count_of_workers_that_equals_0_loads_in_the_main_process_as_in_torch(
 
 # torch's iterator, whose __init__ failed at range(), fails again in __del__ (no _shutdown yet).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.parametrize("workers", [1.5, 2.0, float("nan"), float("inf")])
-def test_a_count_of_workers_that_is_not_an_integer_is_refused_at_once(workers: float) -> None:
+@pytest.mark.parametrize("workers", [1.5, 2.0, float("nan"), float("inf"), np.True_])
+def test_a_count_of_workers_that_is_not_an_integer_is_refused_at_once(workers: Any) -> None:
     """torch takes it in its constructor and fails with a TypeError at iter() (range(2.0));
     ferry raises that TypeError in the constructor, naming the option."""
     with pytest.raises(TypeError):
