@@ -363,14 +363,19 @@ def test_options_keep_ferry_options_and_drop_worker_options_without_workers() ->
     assert options["worker_type"] == "thread"
     assert options["prefetch_factor"] == 3
     assert options["collate_fn"] is ferry.default_collate
-    inline = with_changes({**options, "balance_workers": True}, {"num_workers": 0})
+    both = {"balance_workers": True, "move_workers": True}
+    inline = with_changes({**options, **both}, {"num_workers": 0})
     assert (inline["prefetch_factor"], inline["persistent_workers"], inline["timeout"]) == (
         None,
         False,
         0,
     )
-    assert inline["balance_workers"] is False
+    assert (inline["balance_workers"], inline["move_workers"]) == (False, None)
     assert build_loader(inline).num_workers == 0
+    # Process workers moved round the CPUs, advised to become threads: nothing left to move.
+    threads = with_changes({**options, "move_workers": True}, {"worker_type": "thread"})
+    assert threads["move_workers"] is None
+    assert build_loader(threads).worker_type == "thread"
 
 
 # --- the rules ---------------------------------------------------------------------------------

@@ -59,11 +59,12 @@ def _cpus() -> int:
 def test_signature_is_torchs_plus_keyword_only_extensions() -> None:
     expected = _params(tud.DataLoader)
     got = _params(ferry.DataLoader)
-    assert got[:-7] == expected
+    assert got[:-8] == expected
     # ferry's thread workers, torchdata StatefulDataLoader's option (same default), the
-    # failure options and balanced workers, whose defaults keep torch's behaviour.
+    # failure options and balanced workers, whose defaults keep torch's behaviour, and moved
+    # workers (the same batches from the same workers: only where they run changes).
     keyword = inspect.Parameter.KEYWORD_ONLY
-    assert got[-7:] == [
+    assert got[-8:] == [
         ("worker_type", keyword, "process"),
         ("snapshot_every_n_steps", keyword, 1),
         ("on_error", keyword, "raise"),
@@ -71,6 +72,7 @@ def test_signature_is_torchs_plus_keyword_only_extensions() -> None:
         ("max_worker_restarts", keyword, 0),
         ("stall_warning", keyword, 300.0),
         ("balance_workers", keyword, False),
+        ("move_workers", keyword, None),
     ]
 
 

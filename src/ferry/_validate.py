@@ -230,6 +230,25 @@ def as_context(context: str | BaseContext | None, num_workers: int) -> BaseConte
     return context
 
 
+def move_problem(move: object, num_workers: object, worker_type: object) -> Exception | None:
+    """What is wrong with ``move_workers`` for these options (None: nothing)."""
+    if move is not None and not isinstance(move, bool):
+        return TypeError(f"move_workers must be None (ferry decides), True or False, got {move!r}")
+    if move is not True:
+        return None
+    if num_workers == 0:
+        return ValueError(
+            "move_workers=True needs num_workers > 0 (or 'auto'): it moves worker processes "
+            "round the CPUs, and with num_workers=0 the main process makes every batch"
+        )
+    if worker_type != "process":
+        return ValueError(
+            f"move_workers=True needs worker_type='process', got worker_type={worker_type!r}: "
+            "thread workers run in the main process, which is not moved"
+        )
+    return None
+
+
 def balance_problem(balance: object, num_workers: object, iterable: bool) -> Exception | None:
     """What is wrong with ``balance_workers`` for these options (None: nothing)."""
     if not isinstance(balance, bool):

@@ -14,6 +14,7 @@ import torch
 from ferry._batching import batch_count
 from ferry._core.alloc import BufferPool
 from ferry._core.rng import ready_to_fork
+from ferry._engine.crew.placement import can_move
 from ferry._engine.failures import DEFAULT_STALL_WARNING, FailurePolicy, OnError
 from ferry._engine.iterator import InlineIterator, LoaderIterator
 from ferry._engine.plan import EpochPlan
@@ -29,6 +30,7 @@ from ferry._validate import (
     as_context,
     as_int,
     balance_problem,
+    move_problem,
     pin_device_deprecated,
     too_many_workers,
     worker_options,
@@ -69,6 +71,11 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
       rather than to the next in turn (torch's round-robin), so workers on faster CPUs make
       more of the epoch; the order of batches is unchanged, but which worker makes a batch
       then depends on timing (see docs/design/scaling.md). Map-style datasets, with workers.
+    * ``move_workers``: process workers trade CPUs every 50 ms while an epoch runs, so that on
+      CPUs of unequal speed (a cloud VM's vCPUs) none stays on the slowest and holds the epoch's
+      end back. ``None`` (default): on where it can be (Linux, 2 or more process workers and
+      CPUs); ``False``: the scheduler alone places them, as in torch. Nothing else changes:
+      the same worker makes the same batch.
     * ``num_workers="auto"`` / ``prefetch_factor="auto"``: chosen and tuned by the loader.
 
     It also resumes mid-epoch exactly, with the API of torchdata's ``StatefulDataLoader``:
@@ -124,11 +131,14 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         max_worker_restarts: int = 0,
         stall_warning: float | None = DEFAULT_STALL_WARNING,
         balance_workers: bool = False,
+        move_workers: bool | None = None,
     ) -> None:
         if worker_type not in ("process", "thread"):
             raise ValueError(f"worker_type must be 'process' or 'thread', got {worker_type!r}")
         iterable = is_iterable_style(dataset)
-        problem = balance_problem(balance_workers, num_workers, iterable)
+        problem = balance_problem(balance_workers, num_workers, iterable) or move_problem(
+            move_workers, num_workers, worker_type
+        )
         if problem is not None:
             raise problem
         self._tuner = Tuner.for_options(
@@ -168,6 +178,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
         self.balance_workers = balance_workers
+        self.move_workers = move_workers
         # num_workers="auto" made the workers threads because their reads waited (see
         # _retune): they become processes again if they turn out bound by the GIL.
         self._threads_for_waits = False
@@ -539,6 +550,12 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
             ),
             hold_workers=self._tuner is not None and not self._tuner.reads_compute,
             balance_workers=self.balance_workers,
+            move_workers=(
+                self.move_workers is not False
+                and self.worker_type == "process"
+                and self.num_workers >= 2
+                and can_move()
+            ),
             failures=FailurePolicy.from_options(
                 self.on_error, self.max_errors, self.max_worker_restarts, self.stall_warning
             ),

@@ -137,11 +137,11 @@ def kill_all(pids: Iterable[int]) -> None:
 
 
 def ferry_threads() -> set[threading.Thread]:
-    """Live thread workers and pin threads of ferry loaders in this process."""
+    """Live thread workers, pin threads and CPU movers of ferry loaders in this process."""
     return {
         t
         for t in threading.enumerate()
-        if t.name.startswith("ferry-worker-") or t.name == "ferry-pin"
+        if t.name.startswith("ferry-worker-") or t.name in ("ferry-pin", "ferry-move")
     }
 
 

@@ -347,6 +347,7 @@ def test_install_uninstall_restore_accelerate() -> None:
         ("max_worker_restarts", 0),
         ("stall_warning", 300.0),
         ("balance_workers", False),
+        ("move_workers", None),
     ]
     with ferry.accelerate.installed():  # nested: leaves the outer install in place
         pass
@@ -387,6 +388,7 @@ def test_ferry_only_options_are_the_signature_difference() -> None:
             "max_worker_restarts",
             "stall_warning",
             "balance_workers",
+            "move_workers",
         }
     )
 

@@ -65,6 +65,9 @@ class EpochPlan:
     # balance_workers=True: the worker that would finish it first makes the next batch
     # (see schedule.py).
     balance_workers: bool = False
+    # move_workers (resolved: None became whether it can): process workers trade CPUs while an
+    # epoch runs (crew/placement.py).
+    move_workers: bool = False
 
     @property
     def auto_collation(self) -> bool:

@@ -153,6 +153,7 @@ class WorkerIterator(LoaderIterator):
                 self._start_held()
                 return
         crew.pin(plan)  # (a thread: started once no more processes are forked)
+        crew.move(plan)  # (likewise)
         if any(config.replay for config in configs):
             self._await_states()  # the cursors hold keys that are not saved: replace them now
 
@@ -161,6 +162,7 @@ class WorkerIterator(LoaderIterator):
         self._crew.start(self._auto.held.take(), self._plan)
         self._fill()
         self._crew.pin(self._plan)
+        self._crew.move(self._plan)
 
     def _fill(self) -> None:
         """Send tasks until ``prefetch_factor * num_workers`` are out (handed out to the user
@@ -227,6 +229,7 @@ class WorkerIterator(LoaderIterator):
                         raise
             self._begin_epoch()
             self._crew.pin(self._plan)
+            self._crew.move(self._plan)
             if self._crew.replays:
                 self._await_states()
             return
@@ -294,6 +297,7 @@ class WorkerIterator(LoaderIterator):
             return self._next_result()
         except StopIteration:
             workers = [(w.worker_id, w.pid) for w in self._crew.workers]
+            self._crew.rest()  # (no moving round the CPUs until the next epoch)
             measure_at_end(self._stats, workers)  # (the workers' memory, within its share)
             if not self._plan.persistent_workers:
                 self._crew.stop()

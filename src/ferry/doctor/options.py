@@ -36,6 +36,7 @@ _DESCRIBED = (
     "persistent_workers",
     "pin_memory",
     "balance_workers",
+    "move_workers",
 )
 
 
@@ -86,7 +87,8 @@ def loader_options(loader: Any) -> dict[str, Any]:
 
 def with_changes(options: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` with ``changes`` applied, and the options that only mean something with
-    workers reset when the result has none (ferry refuses them with ``num_workers=0``)."""
+    workers reset when the result has none (ferry refuses them with ``num_workers=0``), or
+    with process workers when they became threads."""
     changed = {**options, **changes}
     if not changed.get("num_workers"):
         changed.update(
@@ -95,7 +97,10 @@ def with_changes(options: Mapping[str, Any], changes: Mapping[str, Any]) -> dict
             multiprocessing_context=None,
             timeout=0,
             balance_workers=False,
+            move_workers=None,
         )
+    if changed.get("worker_type") == "thread" and changed.get("move_workers"):
+        changed["move_workers"] = None
     return changed
 
 

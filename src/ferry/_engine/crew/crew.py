@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 from ferry._engine.crew.channels import Channel, WorkerMessage
 from ferry._engine.crew.group import WorkerGroup, WorkerHandle
 from ferry._engine.crew.kinds import WorkerKind
+from ferry._engine.crew.placement import WorkerMover
 from ferry._engine.crew.worker import WorkerConfig
 from ferry._engine.plan import EpochPlan
 from ferry._engine.transport.messages import Done
@@ -122,3 +123,20 @@ class Crew(Generic[H]):
         elif not plan.pin and group.pinner is not None:
             group.pinner.close()
             group.pinner = None
+
+    def move(self, plan: EpochPlan) -> None:
+        """Move the process workers round their CPUs from now on, this epoch
+        (``move_workers``; see :mod:`~ferry._engine.crew.placement`): the thread that does it
+        is started on the first call, once every worker is forked."""
+        group = self.group
+        if not plan.move_workers or self.kind.name != "process" or group.closed:
+            return
+        if group.mover is None:
+            workers = group.workers
+            group.mover = WorkerMover(lambda: [w.pid for w in list(workers) if w.pid is not None])
+        group.mover.resume()
+
+    def rest(self) -> None:
+        """The epoch ended: the workers stay where they are until :meth:`move` again."""
+        if self.group.mover is not None:
+            self.group.mover.pause()

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from ferry._core.intra_op import settle
 from ferry._core.rng import ready_to_fork
+from ferry._engine.crew.placement import WorkerMover
 from ferry._engine.crew.worker import (
     Activity,
     WorkerConfig,
@@ -222,6 +223,8 @@ class WorkerGroup(Generic[H]):
         self.replaced: list[H] = []
         # pin_memory=True: the thread that pins the workers' batches as they arrive.
         self.pinner: Pinner | None = None
+        # move_workers: the thread that moves process workers round their CPUs (placement.py).
+        self.mover: WorkerMover | None = None
         # Thread workers of a map-style dataset: their shared per-sample reads (reads.py); an
         # async dataset's workers: its reads on an event loop (aio.py).
         self.reads: SampleReads | AsyncReads | None = None
@@ -237,6 +240,8 @@ class WorkerGroup(Generic[H]):
         self.stopping.set()
         exiting = interpreter_exiting()
         with _deaf_to_interrupts(exiting):
+            if self.mover is not None:
+                self.mover.close()
             if self.pinner is not None:
                 self.pinner.close()
             deadline = self.stop_workers(self, exiting)

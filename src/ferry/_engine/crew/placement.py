@@ -1,0 +1,224 @@
+"""Process workers moved round the CPUs they run on while an epoch runs: :class:`WorkerMover`.
+
+Why. A loader that deals batches to its workers in turns (torch's round-robin, and ferry's, so
+that each worker draws torch's random numbers for its batches) ends an epoch with its slowest
+worker. Where the CPUs differ in speed, as the vCPUs of a cloud VM do, the slowest worker is the
+one Linux left on the slowest CPU: a busy process is not moved while every CPU is busy. On the
+16-vCPU GPU host the CPUs' rates spread 1.7x and half of that spread followed the CPU
+(``scripts/cpu_speeds.py``); 15 processes making equal shares of the jpeg work ended at 85-88%
+of their summed rates where placed by the scheduler, and at 92% where they traded CPUs every
+50 ms (docs/design/scaling.md, "Workers moved round the CPUs").
+
+How. Every ``PERIOD_S`` while an epoch of the loader runs, each worker is moved to the CPU the
+next worker last ran on, and at once set free again (its affinity back to the CPUs it had): the
+workers trade places among the CPUs the scheduler gave them, so over a few hundred ms each runs
+on every one of them, at their mean speed. No CPU is given a worker it did not have, and the
+scheduler keeps its say: it may move a worker on at once (another process wanting that CPU).
+Workers trade places within their NUMA node only (a worker moved away from its memory's node
+would be slower), and only those that computed since the last look (their CPU time in
+/proc/PID/stat moved): an idle worker stays put, and while all idle (an epoch left unfinished,
+a training step slower than the loader) the looks come less often, down to one a second. A
+worker whose affinity someone else set (a ``worker_init_fn`` that pins it) is left where it was
+put, and so is one that runs on a CPU set other than its loader's.
+
+``MODE = "rotate"`` (for measurements; ``scripts/scaling_costs.py --loader ferry-rotate``) pins
+instead: worker ``i`` to the ``(i + tick)``-th allowed CPU, the whole assignment shifted one CPU
+each period, and set free when the epoch ends. Faster on an idle host (96-97% of the summed
+rates in the same measurement) and unsafe on a shared one: two loaders (two ranks on one host)
+would pin their workers onto the same CPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["MODE", "PERIOD_S", "WorkerMover", "can_move"]
+
+# How often the workers trade places (as measured: scripts/cpu_speeds.py's nudge period).
+PERIOD_S = 0.05
+# "swap" (the default: trade places among the CPUs held, then set free) or "rotate" (pinned).
+MODE = "swap"
+
+
+def can_move() -> bool:
+    """Whether this system lets a process set another's CPUs (Linux), and it has 2 or more."""
+    if not hasattr(os, "sched_setaffinity"):
+        return False
+    try:
+        return len(os.sched_getaffinity(0)) >= 2
+    except OSError:
+        return False
+
+
+def last_cpu(pid: int) -> int:
+    """The CPU process ``pid`` last ran on; OSError if it is gone."""
+    return _stat(pid)[0]
+
+
+def _stat(pid: int) -> tuple[int, int]:
+    """Process ``pid``'s last CPU and the CPU time it used, in clock ticks (fields 39, 14 and
+    15 of /proc/PID/stat); OSError if it is gone."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    return int(fields[36]), int(fields[11]) + int(fields[12])
+
+
+def numa_nodes(cpus: frozenset[int]) -> dict[int, int]:
+    """Each of ``cpus``' NUMA node (all 0 where the system does not say)."""
+    nodes = dict.fromkeys(cpus, 0)
+    for node in Path("/sys/devices/system/node").glob("node[0-9]*"):
+        try:
+            listed = (node / "cpulist").read_text().strip()
+        except OSError:
+            continue
+        for part in filter(None, listed.split(",")):
+            first, _, last = part.partition("-")
+            for cpu in range(int(first), int(last or first) + 1):
+                if cpu in nodes:
+                    nodes[cpu] = int(node.name[4:])
+    return nodes
+
+
+class WorkerMover:
+    """A thread of the main process that moves the workers ``pids()`` names round their CPUs,
+    every ``period_s`` while :meth:`resume` has it run (an epoch), until :meth:`pause` or
+    :meth:`close` (see the module docstring). ``moves``: the periods in which workers moved."""
+
+    def __init__(
+        self,
+        pids: Callable[[], list[int]],
+        *,
+        mode: str | None = None,
+        period_s: float | None = None,
+    ) -> None:
+        self._pids = pids
+        self._mode = mode or MODE
+        self._period_s = period_s or PERIOD_S
+        # The CPUs a worker nobody placed runs on: this process's, which a worker inherits.
+        self._free = frozenset(os.sched_getaffinity(0))
+        self._nodes = numa_nodes(self._free)
+        if self._mode == "rotate" and len(set(self._nodes.values())) > 1:
+            self._mode = "swap"  # (rotating over several nodes would move workers off theirs)
+        self._cpus = sorted(self._free)
+        self._pinned: dict[int, int] = {}  # rotate: the CPU each worker was pinned to last
+        self._placed_elsewhere: set[int] = set()  # workers someone else placed: left alone
+        self._tick = 0
+        self._used: dict[int, int] = {}  # each worker's CPU time at the last look
+        # Waits between looks: the period while the workers compute, longer while they idle
+        # (an epoch left unfinished, a training step slower than the loader), up to 1 s.
+        self._delay = self._period_s
+        self.moves = 0
+        self._active = False
+        self._closed = False
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ferry-move", daemon=True)
+        self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def resume(self) -> None:
+        """Move the workers from now on (an epoch begins)."""
+        if not self._closed and not self._active:
+            self._active = True
+            self._delay = self._period_s
+            self._wake.set()
+
+    def pause(self) -> None:
+        """Stop moving them (the epoch ended): the thread sleeps until :meth:`resume`."""
+        if self._active:
+            self._active = False
+            self._wake.set()
+
+    def close(self) -> None:
+        """End the thread (the workers stop); pinned workers are set free first."""
+        self._closed = True
+        self._active = False
+        self._wake.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(1.0)
+
+    def _run(self) -> None:
+        while not self._closed:
+            if not self._active:
+                self._release()
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            if self._wake.wait(self._delay):
+                self._wake.clear()
+                continue  # (paused or closed: looked at again above)
+            try:
+                busy = self._rotate() if self._mode == "rotate" else self._swap()
+            except Exception:  # (never let placement break loading: it stops instead)
+                self._closed = True
+                break
+            self._delay = self._period_s if busy else min(2 * self._delay, 1.0)
+        self._release()
+
+    def _ours(self, pid: int, *, pinned_to: int | None = None) -> bool:
+        """Whether worker ``pid`` runs where its loader put it (its CPUs are the loader's, or
+        the one CPU the mover pinned it to), so that the mover may move it."""
+        if pid in self._placed_elsewhere:
+            return False
+        allowed = os.sched_getaffinity(pid)
+        if allowed == self._free or (pinned_to is not None and allowed == {pinned_to}):
+            return True
+        self._placed_elsewhere.add(pid)
+        return False
+
+    def _swap(self) -> bool:
+        """Each worker that computed since the last look to the CPU the next such one (of its
+        NUMA node) last ran on, then free; whether any computed (an idle one stays put:
+        moving it would give nothing)."""
+        by_node: dict[int, list[tuple[int, int]]] = {}
+        used, self._used = self._used, {}
+        for pid in self._pids():
+            try:
+                if not self._ours(pid):
+                    continue
+                cpu, self._used[pid] = _stat(pid)
+            except (OSError, ValueError, IndexError):  # it has just ended
+                continue
+            if self._used[pid] != used.get(pid, self._used[pid]):
+                by_node.setdefault(self._nodes.get(cpu, 0), []).append((pid, cpu))
+        moved = False
+        for placed in by_node.values():
+            cpus = [cpu for _, cpu in placed]
+            if len(set(cpus)) < 2:
+                continue
+            for (pid, _), cpu in zip(placed, cpus[1:] + cpus[:1], strict=True):
+                with contextlib.suppress(OSError):  # (it has just ended)
+                    os.sched_setaffinity(pid, {cpu})
+                    os.sched_setaffinity(pid, self._free)
+                    moved = True
+        self.moves += moved
+        return bool(by_node)
+
+    def _rotate(self) -> bool:
+        """Worker ``i`` pinned to CPU ``i + tick`` of the allowed ones."""
+        self._tick += 1
+        pids = self._pids()
+        if len(pids) < 2:
+            return False
+        for i, pid in enumerate(pids):
+            cpu = self._cpus[(i + self._tick) % len(self._cpus)]
+            with contextlib.suppress(OSError):
+                if self._ours(pid, pinned_to=self._pinned.get(pid)):
+                    os.sched_setaffinity(pid, {cpu})
+                    self._pinned[pid] = cpu
+        self.moves += 1
+        return True
+
+    def _release(self) -> None:
+        """Set the workers the mover pinned free again (rotate)."""
+        for pid, cpu in self._pinned.items():
+            with contextlib.suppress(OSError):
+                if os.sched_getaffinity(pid) == {cpu}:
+                    os.sched_setaffinity(pid, self._free)
+        self._pinned.clear()

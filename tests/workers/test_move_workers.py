@@ -1,0 +1,275 @@
+"""``move_workers``: process workers trade CPUs while an epoch runs (``crew/placement.py``), so
+that on CPUs of unequal speed none stays on the slowest. Nothing else may change: the same
+batches in torch's order, a worker someone placed stays where it was put, nothing moves between
+epochs, and the thread that moves them ends with the workers."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import ferry
+from _support.processes import poll
+from ferry._engine.crew import placement
+from ferry._engine.crew.placement import WorkerMover, can_move, last_cpu, numa_nodes
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.skipif(not can_move(), reason="needs Linux's sched_setaffinity and 2 CPUs"),
+]
+
+ALL = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+
+
+def _spin(stop: Any) -> None:
+    while not stop.is_set():
+        sum(range(1000))
+
+
+@pytest.fixture
+def spinners() -> Iterator[list[int]]:
+    """Two busy child processes (their pids), stopped after the test."""
+    context = multiprocessing.get_context("fork")
+    stop = context.Event()
+    children = [context.Process(target=_spin, args=(stop,), daemon=True) for _ in range(2)]
+    for child in children:
+        child.start()
+    yield [child.pid for child in children if child.pid is not None]
+    stop.set()
+    for child in children:
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+
+
+def _sleep(stop: Any) -> None:
+    stop.wait(60)
+
+
+@pytest.fixture
+def sleepers() -> Iterator[list[int]]:
+    """Two idle child processes (their pids), stopped after the test."""
+    context = multiprocessing.get_context("fork")
+    stop = context.Event()
+    children = [context.Process(target=_sleep, args=(stop,), daemon=True) for _ in range(2)]
+    for child in children:
+        child.start()
+    yield [child.pid for child in children if child.pid is not None]
+    stop.set()
+    for child in children:
+        child.join(5)
+
+
+def _moved(mover: WorkerMover, at_least: int = 2, within: float = 10.0) -> bool:
+    return poll(lambda: mover.moves >= at_least, within)
+
+
+@pytest.mark.timeout(30)
+def test_workers_trade_cpus_and_are_left_free(spinners: list[int]) -> None:
+    mover = WorkerMover(lambda: spinners, period_s=0.01)
+    try:
+        assert mover.moves == 0  # (not before resume)
+        mover.resume()
+        assert _moved(mover)
+        mover.pause()
+        time.sleep(0.05)
+        still = mover.moves
+        # Free again after each move: the scheduler keeps its say.
+        assert all(os.sched_getaffinity(pid) == ALL for pid in spinners)
+        time.sleep(0.1)
+        assert mover.moves == still  # paused: nothing moves between epochs
+        mover.resume()
+        assert _moved(mover, still + 2)
+    finally:
+        mover.close()
+    assert not mover.thread.is_alive()
+
+
+@pytest.mark.timeout(30)
+def test_idle_workers_stay_put_and_are_looked_at_less_often(sleepers: list[int]) -> None:
+    """An epoch left unfinished, or a training step slower than the loader: workers that wait
+    are not moved (it would give nothing), and the looks slow down to one a second."""
+    mover = WorkerMover(lambda: sleepers, period_s=0.01)
+    mover.resume()
+    try:
+        assert poll(lambda: mover._delay == 1.0, 10)
+        assert mover.moves == 0
+        mover.pause()
+        mover.resume()
+        assert mover._delay == 0.01  # (a new epoch: looked at at the period again)
+    finally:
+        mover.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_someone_placed_is_left_where_it_was_put(spinners: list[int]) -> None:
+    cpu = min(ALL)
+    os.sched_setaffinity(spinners[0], {cpu})
+    mover = WorkerMover(lambda: spinners, period_s=0.01)
+    mover.resume()
+    try:
+        time.sleep(0.3)
+        assert os.sched_getaffinity(spinners[0]) == {cpu}
+        assert mover.moves == 0  # (one worker left to move: no one to trade with)
+    finally:
+        mover.close()
+    assert os.sched_getaffinity(spinners[0]) == {cpu}
+
+
+@pytest.mark.timeout(30)
+def test_workers_trade_cpus_within_their_numa_node_only(spinners: list[int]) -> None:
+    mover = WorkerMover(lambda: spinners, period_s=0.01)
+    # Each CPU its own node: no two workers share one, so none may trade.
+    mover._nodes = {cpu: cpu for cpu in ALL}
+    mover.resume()
+    try:
+        time.sleep(0.3)
+        assert mover.moves == 0
+        mover._nodes = dict.fromkeys(ALL, 0)
+        assert _moved(mover)
+    finally:
+        mover.close()
+
+
+@pytest.mark.timeout(30)
+def test_rotation_pins_each_worker_and_frees_it_when_paused(
+    spinners: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(placement, "MODE", "rotate")
+    mover = WorkerMover(lambda: spinners, period_s=0.01)
+    mover.resume()
+    try:
+        assert _moved(mover)
+        assert all(len(os.sched_getaffinity(pid)) == 1 for pid in spinners)
+        assert os.sched_getaffinity(spinners[0]) != os.sched_getaffinity(spinners[1])
+        mover.pause()
+        assert poll(lambda: all(os.sched_getaffinity(pid) == ALL for pid in spinners), 5)
+    finally:
+        mover.close()
+    assert all(os.sched_getaffinity(pid) == ALL for pid in spinners)
+
+
+def test_what_the_system_says_is_read() -> None:
+    assert last_cpu(os.getpid()) in ALL
+    with pytest.raises(OSError):
+        last_cpu(2**22 + 1)  # (above the kernel's largest pid)
+    nodes = numa_nodes(ALL)
+    assert set(nodes) == ALL
+    assert all(node >= 0 for node in nodes.values())
+
+
+class Where(tud.Dataset[Any]):
+    """Sample ``i``: ``[i, pid, how many CPUs it may run on]``, after some computing."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        began = time.perf_counter()
+        while time.perf_counter() - began < 0.01:
+            pass
+        return torch.tensor([i, os.getpid(), len(os.sched_getaffinity(0))])
+
+
+def _pin_to_first_cpu(worker_id: int) -> None:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def _mover(loader: Any) -> WorkerMover | None:
+    mover: WorkerMover | None = loader._iterator._crew.group.mover
+    return mover
+
+
+@pytest.mark.timeout(60)
+def test_moved_workers_make_torchs_batches_and_stop_between_epochs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (a move needs the two workers last seen on two CPUs: many looks, on a busy machine)
+    monkeypatch.setattr(placement, "PERIOD_S", 0.002)
+    options: dict[str, Any] = {"batch_size": 4, "shuffle": True, "num_workers": 2}
+    options["persistent_workers"] = True
+    ours = ferry.DataLoader(Where(), generator=torch.Generator().manual_seed(3), **options)
+    theirs = tud.DataLoader(Where(), generator=torch.Generator().manual_seed(3), **options)
+    for _ in range(2):
+        got = torch.cat(list(ours))
+        assert got[:, 0].tolist() == torch.cat(list(theirs))[:, 0].tolist()
+        mover = _mover(ours)
+        assert mover is not None
+        assert mover.moves > 0
+        assert not mover._active  # (the epoch ended: nothing moves until the next one)
+        assert mover.thread.is_alive()
+    pids = {w.pid for w in ours._iterator._crew.workers}
+    assert set(got[:, 1].tolist()) == pids  # (each worker made its turns: 2 processes)
+    del ours
+    assert poll(lambda: not mover.thread.is_alive(), 10)
+
+
+@pytest.mark.timeout(60)
+def test_workers_that_do_not_persist_take_the_mover_with_them() -> None:
+    loader = ferry.DataLoader(Where(), batch_size=4, num_workers=2)
+    iterator = iter(loader)
+    next(iterator)
+    mover = iterator._crew.group.mover  # type: ignore[attr-defined]
+    assert mover is not None
+    list(iterator)
+    assert poll(lambda: not mover.thread.is_alive(), 10)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_init_fn_that_pins_its_worker_is_obeyed() -> None:
+    loader = ferry.DataLoader(
+        Where(), batch_size=4, num_workers=2, worker_init_fn=_pin_to_first_cpu
+    )
+    got = torch.cat(list(loader))
+    assert set(got[:, 2].tolist()) == {1}  # every sample made on the one CPU it was given
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"move_workers": False, "num_workers": 2},
+        {"num_workers": 2, "worker_type": "thread"},
+        {"num_workers": 1},
+        {"num_workers": 0},
+    ],
+    ids=["off", "threads", "one-worker", "main-process"],
+)
+def test_nothing_moves_where_it_is_off_or_cannot_help(options: dict[str, Any]) -> None:
+    loader = ferry.DataLoader(Where(), batch_size=4, **options)
+    seen: set[str] = set()
+    for _ in loader:
+        seen.update(t.name for t in threading.enumerate())
+    assert "ferry-move" not in seen
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"move_workers": "yes", "num_workers": 2}, TypeError, "move_workers must be None"),
+        ({"move_workers": 1, "num_workers": 2}, TypeError, "got 1"),
+        ({"move_workers": True}, ValueError, "needs num_workers > 0"),
+        (
+            {"move_workers": True, "num_workers": 2, "worker_type": "thread"},
+            ValueError,
+            "needs worker_type='process'",
+        ),
+    ],
+)
+def test_bad_values_are_refused_by_name(options: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        ferry.DataLoader(range(8), **options)
+
+
+def test_the_option_is_kept_as_an_attribute() -> None:
+    assert ferry.DataLoader(range(8)).move_workers is None
+    assert ferry.DataLoader(range(8), num_workers=2, move_workers=False).move_workers is False
