@@ -23,7 +23,8 @@
 # Environment: PYTHON (default python3), WORKERS (default 8,15,4,2,1), REPS (measured epochs
 # per loader, default 3), BUDGET, EPOCH_TIMEOUT, LIMIT, FEED (auto, gpu or cpu; default auto),
 # QUICK=1 (tiny batches: a smoke test of the script itself, figures meaningless), BALANCED=1
-# (also ferry's process workers with balance_workers=True), BPW (batches a worker makes in an
+# (also ferry's process workers with balance_workers=True), UNMOVED=1 (also ferry's process
+# workers with move_workers=False, placed by the scheduler alone as torch's are), BPW (batches a worker makes in an
 # epoch; default the workload's 4-6), ONLY (jpeg or uint8), NO_THREADS=1, CPU_SPEEDS=1 (first,
 # scripts/cpu_speeds.py, about 30 s: whether the CPUs differ in speed and whether moving the
 # workers round them evens it out; cpu_speeds.txt and .json; at most 2 minutes more, outside
@@ -43,6 +44,7 @@ limit="${LIMIT:-330}"
 feed="${FEED:-auto}"
 extra=()
 [ -n "${BALANCED:-}" ] && extra+=(--balanced)
+[ -n "${UNMOVED:-}" ] && extra+=(--unmoved)
 [ -n "${NO_THREADS:-}" ] && extra+=(--no-threads)
 [ -n "${BPW:-}" ] && extra+=(--batches-per-worker "$BPW")
 [ -n "${ONLY:-}" ] && extra+=(--only "$ONLY")

@@ -23,6 +23,8 @@ everything; the counts stay).
         --loader torch ferry ferry-balanced --epochs 2      # long epochs, balance_workers=True
     python3 scripts/scaling_costs.py --workload jpeg --gpu --workers 15 --epochs 3 \
         --nudge-ms 50   # workers swapping CPUs as they run (scripts/cpu_speeds.py says why)
+    python3 scripts/scaling_costs.py --workload jpeg --gpu --workers 15 --epochs 3 \
+        --loader ferry ferry-unmoved ferry-rotate   # move_workers: default, False, pinned
 
 ``--workload jpeg`` runs the scaling mode's Pillow pipeline (batch 128) instead of the image
 pool; ``--gpu`` the scaling mode's GPU feed (``pin_memory=True``, ``prefetch_factor=4``, each
@@ -201,6 +203,10 @@ def _loader(args: argparse.Namespace, name: str, workers: int, totals: Any) -> A
         options["worker_type"] = "thread"
     if name == "ferry-balanced":
         options["balance_workers"] = True
+    if name == "ferry-unmoved":
+        options["move_workers"] = False
+    if name == "ferry-rotate":  # (pinned rotation: see ferry._engine.crew.placement's MODE)
+        options["move_workers"] = True
     return ferry.DataLoader(dataset, **options)
 
 
@@ -271,6 +277,11 @@ def _epoch(loader: Any, step: Any) -> tuple[int, float, float, bool]:
 
 def measure(args: argparse.Namespace, name: str, workers: int) -> dict[str, float]:
     totals = RawArray("d", 3 * max(workers, 1))
+    from ferry._engine.crew import placement
+
+    placement.MODE = "rotate" if name == "ferry-rotate" else "swap"
+    if args.move_ms:
+        placement.PERIOD_S = args.move_ms / 1000
     loader = _loader(args, name, workers, totals)
     step = gpu_step() if args.gpu else None
     _epoch(loader, step)  # warm-up: workers started, slabs made, the device's context
@@ -371,6 +382,12 @@ def main() -> None:
         default=0.0,
         help="during measured epochs, every this many ms move each worker process to the CPU "
         "of the next one, then set it free (scripts/cpu_speeds.py says why)",
+    )
+    parser.add_argument(
+        "--move-ms",
+        type=float,
+        default=0.0,
+        help="ferry's move_workers period in ms (default: placement.PERIOD_S, 50 ms)",
     )
     args = parser.parse_args()
     if args.batch is None:

@@ -105,8 +105,10 @@ def test_scaling_options(monkeypatch: pytest.MonkeyPatch) -> None:
         _args("--scaling", "--balanced", "--batches-per-worker", "16")
     )
     assert (longer.balanced, longer.batches_per_worker) == (True, 16)
+    assert scaling_cli.scaling_config(_args("--scaling", "--unmoved")).unmoved is True
     defaults = scaling_cli.scaling_config(_args("--scaling"), cpus=16)
     assert (defaults.balanced, defaults.batches_per_worker) == (False, None)
+    assert defaults.unmoved is False
     assert (defaults.workloads, defaults.workers) == (("jpeg", "uint8"), (1, 2, 4, 8, 16))
     assert (defaults.reps, defaults.feed, defaults.threads) == (3, "cpu", True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -125,6 +127,7 @@ def test_scaling_options(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--markdown", "out.md"], "--markdown go(es) with --scaling"),
         (["--workers-list", "2"], "--workers-list go(es) with --scaling"),
         (["--balanced"], "--balanced go(es) with --scaling"),
+        (["--unmoved"], "--unmoved go(es) with --scaling"),
         (["--batches-per-worker", "8"], "--batches-per-worker go(es) with --scaling"),
         (["--scaling", "--batches-per-worker", "0"], "expected a positive integer, got '0'"),
         (["--only", "uint8"], "workload 'uint8' runs with --scaling only"),
@@ -294,7 +297,9 @@ def test_a_tiny_scaling_run_measures_every_side_and_writes_as_it_goes(
         assert [s["label"] for s in record["sides"]] == ["torch", "ferry", "ferry threads"]
         assert all(s["error"] is None and len(s["epochs"]) == 1 for s in record["sides"])
     assert "| uint8 | 1 |" in page.read_text()
-    assert "balanced" not in captured.out.splitlines()[0]  # (its columns only when it ran)
+    header = captured.out.splitlines()[0]
+    assert "balanced" not in header  # (its columns only when it ran)
+    assert "unmoved" not in header
     assert json.loads(out.read_text())["meta"]["feed"] == "cpu"
 
 
@@ -311,6 +316,27 @@ def test_the_balanced_side_runs_with_longer_epochs_beside_torchs() -> None:
     assert [side.error for side in row.sides] == [None, None, None]
     header = format_scaling([row]).splitlines()[0]
     assert header.endswith("balanced/s  balanced %roof  balanced x torch")
+
+
+@pytest.mark.timeout(120)
+def test_the_unmoved_side_is_ferry_without_moving_its_workers() -> None:
+    config = ScalingConfig(
+        workloads=("uint8",), workers=(2,), reps=1, quick=True, threads=False, balanced=True,
+        unmoved=True,
+    )  # fmt: skip
+    [row] = run_scaling(config, lambda line: None)
+    labels = ["torch", "ferry", "ferry balanced", "ferry unmoved"]
+    assert [side.label for side in row.sides] == labels
+    assert [side.error for side in row.sides] == [None] * 4
+    lines = format_scaling([row], legend=False).splitlines()
+    assert lines[0].endswith("balanced x torch  unmoved/s  unmoved %roof  unmoved x torch")
+    assert len(lines[2].split()) == len(TITLES)  # (every column shown: one cell each)
+    cells = dict(zip(TITLES, scaling_cells(row), strict=True))
+    unmoved = row.side("ferry unmoved")
+    assert unmoved is not None
+    assert cells["unmoved/s"] == f"{unmoved.samples_per_s:,.0f}"
+    markdown = scaling_markdown([row], {})
+    assert "| unmoved/s | unmoved %roof | unmoved x torch |" in markdown
 
 
 @pytest.mark.slow

@@ -150,6 +150,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="--scaling: also ferry's process workers with balance_workers=True",
     )
     add(
+        "--unmoved",
+        action="store_true",
+        help="--scaling: also ferry's process workers with move_workers=False (placed by the "
+        "scheduler alone, as torch's)",
+    )
+    add(
         "--batches-per-worker",
         type=positive_int,
         metavar="N",
@@ -208,6 +214,7 @@ def _scaling_only_options(args: argparse.Namespace) -> str | None:
             ("--feed", None if args.feed == "auto" else args.feed),
             ("--no-threads", args.no_threads or None),
             ("--balanced", args.balanced or None),
+            ("--unmoved", args.unmoved or None),
             ("--batches-per-worker", args.batches_per_worker),
             ("--budget", args.budget),
             ("--markdown", args.markdown),

@@ -58,6 +58,7 @@ SIDES: tuple[tuple[str, str, tuple[tuple[str, Any], ...]], ...] = (
     ("ferry", "ferry", ()),
     ("ferry threads", "ferry", (("worker_type", "thread"),)),
     ("ferry balanced", "ferry", (("balance_workers", True),)),
+    ("ferry unmoved", "ferry", (("move_workers", False),)),
 )
 
 
@@ -114,6 +115,7 @@ class ScalingConfig:
         quick: tiny batches, for tests and smoke runs.
         threads: also run ferry's thread workers.
         balanced: also run ferry's process workers with ``balance_workers=True``.
+        unmoved: also run ferry's process workers with ``move_workers=False``.
         batches_per_worker: batches a worker makes in an epoch (None: the workload's own, a
             few; more shows what balancing gives a long epoch).
         timeout_s: an epoch (or the roof) taking longer fails its side (0: no limit).
@@ -129,6 +131,7 @@ class ScalingConfig:
     quick: bool = False
     threads: bool = True
     balanced: bool = False
+    unmoved: bool = False
     batches_per_worker: int | None = None
     timeout_s: float = 300.0
     budget_s: float | None = None
@@ -299,7 +302,11 @@ def _run_row(
     gpu = config.feed == "gpu"
     step = _gpu_step() if gpu else None
     options: dict[str, Any] = {"pin_memory": True, "prefetch_factor": 4} if gpu else {}
-    left_out = {"ferry threads": not config.threads, "ferry balanced": not config.balanced}
+    left_out = {
+        "ferry threads": not config.threads,
+        "ferry balanced": not config.balanced,
+        "ferry unmoved": not config.unmoved,
+    }
     sides = [
         _Side(label, load_api(api), dict(extra))
         for label, api, extra in SIDES

@@ -77,6 +77,7 @@ def scaling_config(args: argparse.Namespace, cpus: int | None = None) -> Scaling
         quick=args.quick,
         threads=not args.no_threads,
         balanced=args.balanced,
+        unmoved=args.unmoved,
         batches_per_worker=args.batches_per_worker,
         timeout_s=args.timeout,
         budget_s=args.budget,

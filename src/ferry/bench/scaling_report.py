@@ -27,7 +27,9 @@ worker, so where the CPUs differ in speed (vCPUs of a VM) this is its most, belo
 % roof: the loader's rate over the roof. x torch: ferry's rate over torch's (thread workers
 are compared with torch's process workers: torch has no threads). balanced (--balanced): ferry's
 process workers with balance_workers=True, the next batch to the worker that would finish it
-first; it can beat the bound, not on a short epoch (--batches-per-worker makes it longer)."""
+first; it can beat the bound, not on a short epoch (--batches-per-worker makes it longer).
+unmoved (--unmoved): ferry's process workers with move_workers=False, placed by the scheduler
+alone, as torch's are (ferry's default moves them round the CPUs while an epoch runs)."""
 
 TITLES = (
     "workload",
@@ -46,7 +48,12 @@ TITLES = (
     "balanced/s",
     "balanced %roof",
     "balanced x torch",
+    "unmoved/s",
+    "unmoved %roof",
+    "unmoved x torch",
 )
+# The sides whose three columns end TITLES, in order; each shown only where a row ran it.
+_OPTIONAL = ("ferry balanced", "ferry unmoved")
 _ALIGN = ("<", "<") + (">",) * (len(TITLES) - 2)
 
 
@@ -65,7 +72,7 @@ def _ratio(value: float | None) -> str:
 def scaling_cells(row: ScalingRow) -> list[str]:
     """The cells of ``row`` in the order of :data:`TITLES`."""
     cells = [row.workload, str(row.workers), _rate(row.roof), _rate(row.equal_share_bound)]
-    for label in ("torch", "ferry", "ferry threads", "ferry balanced"):
+    for label in ("torch", "ferry", "ferry threads", *_OPTIONAL):
         side = row.side(label)
         cells.append(_rate(side.samples_per_s if side else None))
         cells.append(_share(row.share_of_roof(label)))
@@ -93,10 +100,19 @@ def _sorted(rows: Sequence[ScalingRow]) -> list[ScalingRow]:
     return sorted(rows, key=lambda row: (order.get(row.workload, len(order)), row.workers))
 
 
-def _columns(rows: Sequence[ScalingRow]) -> int:
-    """How many of :data:`TITLES` to show: the balanced side's only if a row ran it."""
-    balanced = any(row.side("ferry balanced") for row in rows)
-    return len(TITLES) if balanced else len(TITLES) - 3
+def _columns(rows: Sequence[ScalingRow]) -> list[int]:
+    """Which of :data:`TITLES` to show (their indices): an optional side's only if a row ran
+    it."""
+    base = len(TITLES) - 3 * len(_OPTIONAL)
+    shown = list(range(base))
+    for i, label in enumerate(_OPTIONAL):
+        if any(row.side(label) for row in rows):
+            shown.extend(range(base + 3 * i, base + 3 * i + 3))
+    return shown
+
+
+def _pick(values: Sequence[str], shown: list[int]) -> list[str]:
+    return [values[i] for i in shown]
 
 
 def format_scaling(rows: Sequence[ScalingRow], legend: bool = True) -> str:
@@ -104,9 +120,9 @@ def format_scaling(rows: Sequence[ScalingRow], legend: bool = True) -> str:
     follow it, one a line."""
     ordered = _sorted(rows)
     shown = _columns(rows)
-    titles = TITLES[:shown]
-    cells = [scaling_cells(row)[:shown] for row in ordered]
-    render = column_renderer(tuple(zip(titles, _ALIGN[:shown], strict=True)), cells)
+    titles = _pick(TITLES, shown)
+    cells = [_pick(scaling_cells(row), shown) for row in ordered]
+    render = column_renderer(tuple(zip(titles, _pick(_ALIGN, shown), strict=True)), cells)
     lines = [render(titles)]
     lines.append("-" * len(lines[0]))
     for row, line in zip(ordered, cells, strict=True):
@@ -126,12 +142,12 @@ def scaling_markdown(rows: Sequence[ScalingRow], meta: dict[str, Any]) -> str:
         "",
         *(f"- **{key}:** {value}" for key, value in meta.items() if not isinstance(value, dict)),
         "",
-        "| " + " | ".join(TITLES[:shown]) + " |",
-        "| " + " | ".join("---" if a == "<" else "---:" for a in _ALIGN[:shown]) + " |",
+        "| " + " | ".join(_pick(TITLES, shown)) + " |",
+        "| " + " | ".join("---" if a == "<" else "---:" for a in _pick(_ALIGN, shown)) + " |",
     ]
     notes: list[str] = []
     for row in _sorted(rows):
-        out.append("| " + " | ".join(scaling_cells(row)[:shown]) + " |")
+        out.append("| " + " | ".join(_pick(scaling_cells(row), shown)) + " |")
         notes.extend(f"- {row.workload} at {row.workers}: {note}" for note in _notes(row))
     if notes:
         out.extend(["", *notes])
