@@ -420,6 +420,67 @@ def test_a_first_read_that_ends_before_its_watcher_looks_is_judged_by_what_it_to
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("looks", ["while it runs", "once it ended"])
+@pytest.mark.parametrize(
+    "read",
+    [
+        # (wall, CPU and queued seconds, whether it waits)
+        pytest.param((0.010, 0.0001, 0.008, True), id="slept-then-waited-8ms-for-a-cpu"),
+        pytest.param((0.017, 0.009, 0.008, False), id="computed-waiting-as-long-for-a-cpu"),
+    ],
+)
+def test_a_first_reads_watcher_counts_a_wait_for_a_cpu_as_a_reads_busy_seconds_do(
+    monkeypatch: pytest.MonkeyPatch, looks: str, read: tuple[float, float, float, bool]
+) -> None:
+    """A process worker's first read on a machine whose CPUs are all busy: the watcher counts
+    the reading thread's wait for a CPU up to its CPU time, as the read's own figures do
+    (``reads._counted``). Counted whole, a read that slept and then waited milliseconds for a
+    CPU as it woke looked as if it computed: the watcher said "computes", the main process
+    started the workers it held back, and the loader became threads a batch later anyway
+    (``test_reads_that_wait_become_threads_before_the_other_workers_start`` failed so)."""
+    wall, cpu, queued, waits = read
+    clocks = _Clocks()
+    queue_seconds = [0.0]
+    look = threading.Event()
+
+    class HeldWatcher:  # the watcher's naps last until the read lets it look
+        @staticmethod
+        def sleep(_seconds: float) -> None:
+            look.wait(10)
+
+    monkeypatch.setattr(reads_module, "time", HeldWatcher)
+    told: list[bool] = []
+
+    class Data:
+        def __getitem__(self, index: int) -> int:
+            clocks.wall += wall
+            clocks.cpu += cpu
+            queue_seconds[0] += queued
+            if index == 0 and looks == "while it runs":
+                look.set()
+                deadline = time.monotonic() + 10
+                while not told and time.monotonic() < deadline:  # (its look is told at once)
+                    time.sleep(0.001)
+            elif index > 0:  # (the first read is over)
+                look.set()
+            return index
+
+    reads = SampleReads(
+        clock=lambda: clocks.wall,
+        cpu_clock=lambda: clocks.cpu,
+        busy=lambda _: clocks.cpu + queue_seconds[0],
+        alone=True,
+    )
+    reads._clocks.split = lambda _: (clocks.cpu, queue_seconds[0])
+    reads.on_first_look = told.append
+    try:
+        assert reads.read(Data(), [0, 1]) == [0, 1]
+    finally:
+        reads.close()  # (waits for the watcher)
+    assert told == [waits]
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.skipif(
     not hasattr(time, "pthread_getcpuclockid") or not os.path.exists("/proc/self/schedstat"),
     reason="no per-thread CPU clocks or schedstat",

@@ -59,6 +59,7 @@ __all__ = [
     "Failed",
     "SampleReads",
     "busy_of",
+    "cpu_and_queued",
     "reads_serving",
     "wait_for_reads",
 ]
@@ -126,6 +127,14 @@ def busy_of(thread: threading.Thread | None = None) -> float:
     by up to a tick (milliseconds). Stale at the start of a read, it made a read that slept
     look busy for a while (the first batch's reads began up to 3 ms late); stale at a look
     while a read computes, it would make the read look as if it waited."""
+    cpu, queued = cpu_and_queued(thread)
+    return cpu + queued if cpu >= 0 else cpu
+
+
+def cpu_and_queued(thread: threading.Thread | None = None) -> tuple[float, float]:
+    """The two parts of :func:`busy_of`, apart: ``thread``'s seconds on a CPU, and its seconds
+    waiting for one (0.0 where there is no ``schedstat``); ``(-1.0, 0.0)`` where neither can be
+    read. A first read's watcher counts the wait as :func:`_counted` does."""
     own = thread is None or thread.ident == threading.get_ident()
     native = threading.get_native_id() if own or thread is None else thread.native_id
     cpu = -1.0
@@ -140,8 +149,8 @@ def busy_of(thread: threading.Thread | None = None) -> float:
         with open(f"/proc/self/task/{native}/schedstat", "rb") as schedstat:
             ran, queued, _ = schedstat.read().split()
     except (OSError, ValueError):
-        return cpu
-    return (cpu if cpu >= 0 else int(ran) / 1e9) + int(queued) / 1e9
+        return cpu, 0.0
+    return (cpu if cpu >= 0 else int(ran) / 1e9), int(queued) / 1e9
 
 
 class _SchedStatFile:
@@ -324,10 +333,11 @@ def _counted(cpu: float, waited: float) -> float:
 
 class _Clocks:
     """The clocks reads are timed by: wall, the reading thread's CPU, a thread's busy seconds
-    as a first read's watcher reads them, and the calling thread's seconds waiting for a CPU
-    so far. Stand-in clocks (tests) give CPU seconds for busy ones and no wait."""
+    and, apart, its seconds on a CPU and waiting for one (``split``, as a first read's watcher
+    reads them), and the calling thread's seconds waiting for a CPU so far. Stand-in clocks
+    (tests) give CPU seconds for busy ones and no wait."""
 
-    __slots__ = ("busy", "cpu", "queued", "wall")
+    __slots__ = ("busy", "cpu", "queued", "split", "wall")
 
     def __init__(
         self,
@@ -339,6 +349,10 @@ class _Clocks:
         self.wall, self.cpu = wall, cpu
         self.busy = busy or (busy_of if real else lambda _: cpu())
         self.queued: Callable[[], float] = _own_schedstat.queued if real else float
+        stand_in = self.busy
+        self.split: Callable[[threading.Thread], tuple[float, float]] = (
+            cpu_and_queued if busy is None and real else lambda thread: (stand_in(thread), 0.0)
+        )
 
 
 Launched = tuple[list[Future[Any]], list[Timed], float]
@@ -348,22 +362,31 @@ go into as they end, and when they were begun (wall clock)."""
 
 class _FirstRead:
     """A read read alone (the loader's first, or the probe after it: ``again``), as a watcher
-    sees it: when it began (wall and busy seconds of the thread reading; None: not
-    yet), and the reads of the rest of its batch once they were begun (``over``: the read
-    ended, nothing more is begun; ``took``: its wall and busy seconds, where they could be
-    read)."""
+    sees it: when it began (wall seconds, and the reading thread's seconds on a CPU and
+    waiting for one; None: not yet), and the reads of the rest of its batch once they were
+    begun (``over``: the read ended, nothing more is begun; ``took``: its wall and busy
+    seconds, where they could be read)."""
 
     def __init__(self, thread: threading.Thread, again: bool) -> None:
         self.lock = threading.Lock()
         self.thread = thread
         self.again = again
-        self.began: tuple[float, float] | None = None
+        self.began: tuple[float, float, float] | None = None
         self.info = thread_worker_info()  # (made on the reading thread)
         self.owner = threading.get_ident()
         self.over = False
         self.took: tuple[float, float] | None = None  # (wall, busy seconds, once it ended)
         self.said: bool | None = None  # what its watcher told of it ("waits"; None: nothing)
         self.rest: Launched | None = None
+
+    def busy_since(self, cpu: float, queued: float) -> float:
+        """The read's busy seconds from its beginning to a look that read the thread's
+        ``cpu`` and ``queued`` seconds, a wait for a CPU counted as a read's is
+        (:func:`_counted`): a read that slept waits for a CPU as it wakes, and on a loaded
+        machine as it begins, for as long as the machine is busy, which must not pass for
+        computing (its watcher's word "computes" starts the workers held back for it)."""
+        assert self.began is not None
+        return _counted(cpu - self.began[1], queued - self.began[2])
 
 
 class SampleReads:
@@ -457,7 +480,7 @@ class SampleReads:
             self._executor().submit(self._watch, (first, dataset, keys[1:]))
         # (from here: the watcher's start, which may take a while on a busy machine, is not
         # part of the read it judges)
-        began = self._clocks.wall(), self._clocks.busy(thread)
+        began = (self._clocks.wall(), *self._clocks.split(thread))
         with first.lock:
             first.began = began
         try:
@@ -469,10 +492,14 @@ class SampleReads:
                     for future in first.rest[0]:
                         future.cancel()
             raise
-        took = (wall, self._clocks.busy(thread) - began[1]) if began[1] >= 0 else None
+        took = seen = None
+        if began[1] >= 0:
+            cpu_now, queued_now = self._clocks.split(thread)
+            took = (wall, cpu_now + queued_now - began[1] - began[2])
+            seen = (wall, first.busy_since(cpu_now, queued_now))
         with first.lock:
             first.over = True
-            first.took = took
+            first.took = seen
             rest = first.rest
         busy = _counted(cpu, took[1] - cpu) if took is not None and self._alone else cpu
         if rest is None:  # not begun while it ran: the rest as it measured
@@ -511,7 +538,8 @@ class SampleReads:
 
     def _watch(self, job: tuple[_FirstRead, Any, Sequence[Any]]) -> None:
         """On a pool thread: look at a first read now and then while it runs; once it has
-        taken PEEK seconds and PARALLEL_FROM times its busy seconds, begin the rest (not for
+        taken PEEK seconds and PARALLEL_FROM times its busy seconds (its waits for a CPU
+        counted as a read's are: :meth:`_FirstRead.busy_since`), begin the rest (not for
         ``alone`` reads). What the first look that could judge the loader's first read saw
         goes to ``on_first_look``."""
         first, dataset, rest = job
@@ -531,7 +559,7 @@ class SampleReads:
                 if first.began is None:
                     continue
                 wall = self._clocks.wall() - first.began[0]
-                busy = self._clocks.busy(first.thread) - first.began[1]
+                busy = first.busy_since(*self._clocks.split(first.thread))
                 if wall >= PEEK and wall >= PARALLEL_FROM * busy:
                     if not self._alone:
                         first.rest = self._launch(
