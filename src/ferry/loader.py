@@ -14,7 +14,7 @@ import torch
 from ferry._batching import batch_count
 from ferry._core.alloc import BufferPool
 from ferry._core.rng import ready_to_fork
-from ferry._engine.crew.placement import can_move
+from ferry._engine.crew.placement import should_move
 from ferry._engine.failures import DEFAULT_STALL_WARNING, FailurePolicy, OnError
 from ferry._engine.iterator import InlineIterator, LoaderIterator
 from ferry._engine.plan import EpochPlan
@@ -73,9 +73,10 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
       then depends on timing (see docs/design/scaling.md). Map-style datasets, with workers.
     * ``move_workers``: process workers trade CPUs every 50 ms while an epoch runs, so that on
       CPUs of unequal speed (a cloud VM's vCPUs) none stays on the slowest and holds the epoch's
-      end back. ``None`` (default): on where it can be (Linux, 2 or more process workers and
-      CPUs); ``False``: the scheduler alone places them, as in torch. Nothing else changes:
-      the same worker makes the same batch.
+      end back. ``None`` (default): on where each of 2 or more process workers can have a CPU
+      of its own (Linux, more CPUs than workers); ``True``: also where they outnumber the CPUs;
+      ``False``: the scheduler alone places them, as in torch. Nothing else changes: the same
+      worker makes the same batch.
     * ``num_workers="auto"`` / ``prefetch_factor="auto"``: chosen and tuned by the loader.
 
     It also resumes mid-epoch exactly, with the API of torchdata's ``StatefulDataLoader``:
@@ -550,12 +551,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
             ),
             hold_workers=self._tuner is not None and not self._tuner.reads_compute,
             balance_workers=self.balance_workers,
-            move_workers=(
-                self.move_workers is not False
-                and self.worker_type == "process"
-                and self.num_workers >= 2
-                and can_move()
-            ),
+            move_workers=should_move(self.move_workers, self.worker_type, self.num_workers),
             failures=FailurePolicy.from_options(
                 self.on_error, self.max_errors, self.max_worker_restarts, self.stall_warning
             ),

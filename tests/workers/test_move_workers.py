@@ -19,11 +19,13 @@ import torch.utils.data as tud
 import ferry
 from _support.processes import poll
 from ferry._engine.crew import placement
-from ferry._engine.crew.placement import WorkerMover, can_move, last_cpu, numa_nodes
+from ferry._engine.crew.placement import WorkerMover, last_cpu, numa_nodes, should_move
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
-    pytest.mark.skipif(not can_move(), reason="needs Linux's sched_setaffinity and 2 CPUs"),
+    pytest.mark.skipif(
+        not should_move(True, "process", 2), reason="needs Linux's sched_setaffinity and 2 CPUs"
+    ),
 ]
 
 ALL = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
@@ -197,7 +199,8 @@ def test_moved_workers_make_torchs_batches_and_stop_between_epochs(
     monkeypatch.setattr(placement, "PERIOD_S", 0.002)
     options: dict[str, Any] = {"batch_size": 4, "shuffle": True, "num_workers": 2}
     options["persistent_workers"] = True
-    ours = ferry.DataLoader(Where(), generator=torch.Generator().manual_seed(3), **options)
+    seed = torch.Generator().manual_seed(3)
+    ours = ferry.DataLoader(Where(), generator=seed, move_workers=True, **options)
     theirs = tud.DataLoader(Where(), generator=torch.Generator().manual_seed(3), **options)
     for _ in range(2):
         got = torch.cat(list(ours))
@@ -215,7 +218,7 @@ def test_moved_workers_make_torchs_batches_and_stop_between_epochs(
 
 @pytest.mark.timeout(60)
 def test_workers_that_do_not_persist_take_the_mover_with_them() -> None:
-    loader = ferry.DataLoader(Where(), batch_size=4, num_workers=2)
+    loader = ferry.DataLoader(Where(), batch_size=4, num_workers=2, move_workers=True)
     iterator = iter(loader)
     next(iterator)
     mover = iterator._crew.group.mover  # type: ignore[attr-defined]
@@ -227,7 +230,7 @@ def test_workers_that_do_not_persist_take_the_mover_with_them() -> None:
 @pytest.mark.timeout(60)
 def test_a_worker_init_fn_that_pins_its_worker_is_obeyed() -> None:
     loader = ferry.DataLoader(
-        Where(), batch_size=4, num_workers=2, worker_init_fn=_pin_to_first_cpu
+        Where(), batch_size=4, num_workers=2, worker_init_fn=_pin_to_first_cpu, move_workers=True
     )
     got = torch.cat(list(loader))
     assert set(got[:, 2].tolist()) == {1}  # every sample made on the one CPU it was given
@@ -268,6 +271,29 @@ def test_nothing_moves_where_it_is_off_or_cannot_help(options: dict[str, Any]) -
 def test_bad_values_are_refused_by_name(options: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         ferry.DataLoader(range(8), **options)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (None, "process", 15, 16, True),  # a CPU for each worker, one for the main process
+        (None, "process", 8, 16, True),
+        (None, "process", 16, 16, False),  # as many workers as CPUs: the scheduler shares
+        (None, "process", 2, 2, False),  # (this dev machine's, and CI's)
+        (True, "process", 2, 2, True),
+        (True, "process", 32, 16, True),
+        (False, "process", 8, 16, False),
+        (None, "process", 1, 16, False),  # one worker: no one to trade places with
+        (True, "thread", 8, 16, False),
+        (True, "process", 2, 1, False),  # one CPU
+    ],
+)
+def test_ferry_moves_workers_where_each_can_have_a_cpu_or_where_asked(
+    monkeypatch: pytest.MonkeyPatch, case: tuple[bool | None, str, int, int, bool]
+) -> None:
+    option, worker_type, workers, cpus, moves = case
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    assert should_move(option, worker_type, workers) is moves
 
 
 def test_the_option_is_kept_as_an_attribute() -> None:
