@@ -21,6 +21,9 @@ a training step slower than the loader) the looks come less often, down to one a
 worker whose affinity someone else set (a ``worker_init_fn`` that pins it) is left where it was
 put, and so is one that runs on a CPU set other than its loader's.
 
+Where (:func:`should_move`): by default only where each worker can have a CPU of its own beside
+the main process; where the workers outnumber the CPUs the scheduler moves them already.
+
 ``MODE = "rotate"`` (for measurements; ``scripts/scaling_costs.py --loader ferry-rotate``) pins
 instead: worker ``i`` to the ``(i + tick)``-th allowed CPU, the whole assignment shifted one CPU
 each period, and set free when the epoch ends. Faster on an idle host (96-97% of the summed
