@@ -115,10 +115,8 @@ class WorkerMover:
         self._nodes = numa_nodes(self._free)
         if self._mode == "rotate" and len(set(self._nodes.values())) > 1:
             self._mode = "swap"  # (rotating over several nodes would move workers off theirs)
-        self._cpus = sorted(self._free)
-        self._pinned: dict[int, int] = {}  # rotate: the CPU each worker was pinned to last
+        self._rotation = _Rotation(sorted(self._free))
         self._placed_elsewhere: set[int] = set()  # workers someone else placed: left alone
-        self._tick = 0
         self._used: dict[int, int] = {}  # each worker's CPU time at the last look
         # Waits between looks: the period while the workers compute, longer while they idle
         # (an epoch left unfinished, a training step slower than the loader), up to 1 s.
@@ -214,23 +212,37 @@ class WorkerMover:
 
     def _rotate(self) -> bool:
         """Worker ``i`` pinned to CPU ``i + tick`` of the allowed ones."""
-        self._tick += 1
+        rotation = self._rotation
+        rotation.tick += 1
         pids = self._pids()
         if len(pids) < 2:
             return False
         for i, pid in enumerate(pids):
-            cpu = self._cpus[(i + self._tick) % len(self._cpus)]
+            cpu = rotation.cpus[(i + rotation.tick) % len(rotation.cpus)]
             with contextlib.suppress(OSError):
-                if self._ours(pid, pinned_to=self._pinned.get(pid)):
+                if self._ours(pid, pinned_to=rotation.pinned.get(pid)):
                     os.sched_setaffinity(pid, {cpu})
-                    self._pinned[pid] = cpu
+                    rotation.pinned[pid] = cpu
         self.moves += 1
         return True
 
     def _release(self) -> None:
         """Set the workers the mover pinned free again (rotate)."""
-        for pid, cpu in self._pinned.items():
+        pinned = self._rotation.pinned
+        for pid, cpu in pinned.items():
             with contextlib.suppress(OSError):
                 if os.sched_getaffinity(pid) == {cpu}:
                     os.sched_setaffinity(pid, self._free)
-        self._pinned.clear()
+        pinned.clear()
+
+
+class _Rotation:
+    """``MODE = "rotate"``'s state: the CPUs in turn, the turn, the CPU each worker was pinned
+    to last."""
+
+    __slots__ = ("cpus", "pinned", "tick")
+
+    def __init__(self, cpus: list[int]) -> None:
+        self.cpus = cpus
+        self.pinned: dict[int, int] = {}
+        self.tick = 0
