@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -36,12 +36,15 @@ def _spin(stop: Any) -> None:
         sum(range(1000))
 
 
-@pytest.fixture
-def spinners() -> Iterator[list[int]]:
-    """Two busy child processes (their pids), stopped after the test."""
+def _sleep(stop: Any) -> None:
+    stop.wait(60)
+
+
+def _children(target: Callable[[Any], None]) -> Iterator[list[int]]:
+    """Two child processes running ``target(stop)`` (their pids), stopped after the test."""
     context = multiprocessing.get_context("fork")
     stop = context.Event()
-    children = [context.Process(target=_spin, args=(stop,), daemon=True) for _ in range(2)]
+    children = [context.Process(target=target, args=(stop,), daemon=True) for _ in range(2)]
     for child in children:
         child.start()
     yield [child.pid for child in children if child.pid is not None]
@@ -53,22 +56,16 @@ def spinners() -> Iterator[list[int]]:
             child.join(5)
 
 
-def _sleep(stop: Any) -> None:
-    stop.wait(60)
+@pytest.fixture
+def spinners() -> Iterator[list[int]]:
+    """Two busy child processes."""
+    yield from _children(_spin)
 
 
 @pytest.fixture
 def sleepers() -> Iterator[list[int]]:
-    """Two idle child processes (their pids), stopped after the test."""
-    context = multiprocessing.get_context("fork")
-    stop = context.Event()
-    children = [context.Process(target=_sleep, args=(stop,), daemon=True) for _ in range(2)]
-    for child in children:
-        child.start()
-    yield [child.pid for child in children if child.pid is not None]
-    stop.set()
-    for child in children:
-        child.join(5)
+    """Two idle child processes."""
+    yield from _children(_sleep)
 
 
 def _moved(mover: WorkerMover, at_least: int = 2, within: float = 10.0) -> bool:

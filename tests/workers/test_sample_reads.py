@@ -407,16 +407,10 @@ def test_a_first_read_that_ends_before_its_watcher_looks_is_judged_by_what_it_to
                 read_over.set()
             return int(timed[index])
 
-    told: list[bool] = []
     reads = SampleReads(
         clock=lambda: clocks.wall, cpu_clock=lambda: clocks.cpu, busy=lambda _: clocks.cpu
     )
-    reads.on_first_look = told.append
-    try:
-        assert reads.read(Data(), [0, 1]) == [0, 1]
-    finally:
-        reads.close()  # (waits for the watcher)
-    assert told == [waits]
+    assert _first_looks(reads, Data(), told=[]) == [waits]
 
 
 @pytest.mark.timeout(30)
@@ -472,12 +466,17 @@ def test_a_first_reads_watcher_counts_a_wait_for_a_cpu_as_a_reads_busy_seconds_d
         alone=True,
     )
     reads._clocks.split = lambda _: (clocks.cpu, queue_seconds[0])
+    assert _first_looks(reads, Data(), told) == [waits]
+
+
+def _first_looks(reads: SampleReads, data: Any, told: list[bool]) -> list[bool]:
+    """What the watcher of ``data``'s first read said (into ``told``), reading samples 0, 1."""
     reads.on_first_look = told.append
     try:
-        assert reads.read(Data(), [0, 1]) == [0, 1]
+        assert reads.read(data, [0, 1]) == [0, 1]
     finally:
         reads.close()  # (waits for the watcher)
-    assert told == [waits]
+    return told
 
 
 @pytest.mark.timeout(30)
