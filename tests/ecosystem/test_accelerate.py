@@ -310,6 +310,7 @@ def test_thread_workers_survive_prepare_and_skip() -> None:
             on_error="skip",
             max_errors=3,
             balance_workers=True,
+            move_workers=False,
         )
     assert got == expected
     assert expected[0] != expected[1]  # reshuffled between epochs
@@ -319,6 +320,7 @@ def test_thread_workers_survive_prepare_and_skip() -> None:
         assert loader.num_workers == 2
         assert (loader.on_error, loader.max_errors) == ("skip", 3)
         assert loader.balance_workers is True
+        assert loader.move_workers is False
     torch.manual_seed(8)
     skipped_batches = _flat(skipped)
     torch.manual_seed(8)

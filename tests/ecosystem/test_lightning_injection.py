@@ -159,11 +159,12 @@ def test_the_standard_path_keeps_ferrys_loader_and_options() -> None:
             worker_type="thread",
             on_error="skip",
             balance_workers=True,
+            move_workers=False,
         )
     rebuilt = _trainer_setup(loader, 1, RunningStage.TRAINING)
     assert type(rebuilt) is ferry.DataLoader
     assert (rebuilt.worker_type, rebuilt.on_error, rebuilt.batch_size) == ("thread", "skip", 4)
-    assert rebuilt.balance_workers is True
+    assert (rebuilt.balance_workers, rebuilt.move_workers) == (True, False)
     assert isinstance(rebuilt.sampler, tud.DistributedSampler)
 
 
