@@ -16,11 +16,13 @@ Three measurements, in about 40 seconds on 16 CPUs (the jpeg work needs Pillow a
   much of the spread follows the CPU (the rates of one CPU agree across rounds) rather than
   the process.
 * ``deal``: N processes, each an equal share of ``--samples`` (the roof's way), timed from one
-  start to the last one's end, three ways: free (the scheduler places them), pinned (process i
-  on CPU i), rotating (pinned, and the whole assignment shifted one CPU every ``--period-ms``
-  by this process), nudged (free, but every period each process is moved to the CPU the next
+  start to the last one's end, four ways: free (the scheduler places them), pinned (process
+  i on CPU i), rotating (pinned, and the whole assignment shifted one CPU every
+  ``--period-ms``), nudged (free, but every period each process is moved to the CPU the next
   one is on, and set free again: the processes swap places among the CPUs they hold, and stay
-  free for the scheduler). Samples/s over the slowest, each process's rate, and steal time.
+  free for the scheduler). The last two are ferry's own mover (``move_workers``,
+  ``ferry._engine.crew.placement``) in its two modes. Samples/s over the slowest, each
+  process's rate, and steal time.
 
     PYTHONPATH=src python3 scripts/cpu_speeds.py --json OUT/cpu_speeds.json
 
@@ -30,19 +32,20 @@ On a machine whose CPUs are alike (this 2-core one) the four ways of ``deal`` ag
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_ROOT / "src"))
 
+from ferry._engine.crew.placement import WorkerMover  # noqa: E402
 from ferry.bench.workloads import JpegCrops, _prepare_photos  # noqa: E402
 
 _Conn = Any
@@ -99,53 +102,25 @@ def steal() -> dict[int, int]:
     return out
 
 
-def on_cpu(pid: int) -> int:
-    """The CPU a process last ran on (field 39 of /proc/PID/stat)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return -1
-    return int(stat.rsplit(")", 1)[1].split()[36])
-
-
-def nudge(pids: list[int], cpus: list[int]) -> int:
-    """Moves each process to the CPU the next one is on now, then sets it free again (to
-    ``cpus``): the processes swap places among the CPUs they hold, the scheduler keeps its say.
-    1 if they were moved, 0 if one had ended or its CPU could not be read."""
-    now = [on_cpu(pid) for pid in pids]
-    if len(pids) < 2 or min(now) < 0:
-        return 0
-    for pid, cpu in zip(pids, now[1:] + now[:1], strict=True):
-        try:
-            os.sched_setaffinity(pid, {cpu})
-            os.sched_setaffinity(pid, cpus)
-        except OSError:  # it has just ended
-            return 0
-    return 1
-
-
 class Nudger:
-    """A thread that nudges the processes ``pids()`` names every ``period_s`` while it runs."""
+    """ferry's own mover (:class:`ferry._engine.crew.placement.WorkerMover`, as
+    ``move_workers`` runs it) over the processes ``pids()`` names, every ``period_s`` while
+    the block runs: torch's workers, ferry's or plain processes alike. ``mode``: "swap" (trade
+    CPUs, then set free) or "rotate" (pinned, shifted one CPU a period)."""
 
-    def __init__(self, pids: Any, period_s: float) -> None:
-        import threading
+    def __init__(self, pids: Callable[[], list[int]], period_s: float, mode: str = "swap") -> None:
+        self.mover = WorkerMover(pids, mode=mode, period_s=period_s)
 
-        self.pids, self.period_s, self.moves = pids, period_s, 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="nudger", daemon=True)
-
-    def _run(self) -> None:
-        cpus = allowed_cpus()
-        while not self.stop.wait(self.period_s):
-            self.moves += nudge(self.pids(), cpus)
+    @property
+    def moves(self) -> int:
+        return self.mover.moves
 
     def __enter__(self) -> Nudger:
-        self.thread.start()
+        self.mover.resume()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(5)
+        self.mover.close()
 
 
 def _decode_for(dataset: JpegCrops, seconds: float, start: Any, conn: _Conn, cpu: int) -> None:
@@ -227,7 +202,7 @@ def deal(
     pipes, children = [], []
     for i in range(procs):
         here, there = ctx.Pipe(duplex=False)
-        cpu = -1 if how in {"free", "nudged"} else cpus[i % len(cpus)]
+        cpu = cpus[i % len(cpus)] if how == "pinned" else -1  # (the mover pins "rotating")
         share = range(i * each, (i + 1) * each)
         child = ctx.Process(target=_decode_share, args=(dataset, share, start, there, cpu))
         child.start()
@@ -236,20 +211,20 @@ def deal(
     time.sleep(0.5)
     stolen = steal()
     began = time.perf_counter()
-    start.set()
-    moves, shift = 0, 0
-    while how in {"rotating", "nudged"} and any(child.is_alive() for child in children):
-        time.sleep(period_s)
-        shift += 1
-        pids = [child.pid for child in children if child.is_alive() and child.pid is not None]
-        if how == "nudged":
-            moves += nudge(pids, cpus)
-            continue
-        for i, pid in enumerate(pids):
-            with contextlib.suppress(OSError):  # it has just ended
-                os.sched_setaffinity(pid, {cpus[(i + shift) % len(cpus)]})
-        moves += 1
-    results = [pipe.recv() for pipe in pipes]
+    moves = 0
+    if how in {"rotating", "nudged"}:
+
+        def alive() -> list[int]:
+            return [c.pid for c in children if c.is_alive() and c.pid is not None]
+
+        mode = "rotate" if how == "rotating" else "swap"
+        with Nudger(alive, period_s, mode) as nudger:
+            start.set()
+            results = [pipe.recv() for pipe in pipes]
+        moves = nudger.moves
+    else:
+        start.set()
+        results = [pipe.recv() for pipe in pipes]
     for child in children:
         child.join(10)
     last = max(ended for _, ended, _ in results)

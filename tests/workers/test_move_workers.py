@@ -19,7 +19,7 @@ import torch.utils.data as tud
 import ferry
 from _support.processes import poll
 from ferry._engine.crew import placement
-from ferry._engine.crew.placement import WorkerMover, last_cpu, numa_nodes, should_move
+from ferry._engine.crew.placement import WorkerMover, _stat, numa_nodes, should_move
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -158,9 +158,11 @@ def test_rotation_pins_each_worker_and_frees_it_when_paused(
 
 
 def test_what_the_system_says_is_read() -> None:
-    assert last_cpu(os.getpid()) in ALL
+    cpu, used = _stat(os.getpid())
+    assert cpu in ALL
+    assert used > 0  # (the clock ticks this process has run: importing torch is many)
     with pytest.raises(OSError):
-        last_cpu(2**22 + 1)  # (above the kernel's largest pid)
+        _stat(2**22 + 1)  # (above the kernel's largest pid)
     nodes = numa_nodes(ALL)
     assert set(nodes) == ALL
     assert all(node >= 0 for node in nodes.values())

@@ -39,6 +39,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ferry._validate import available_cpus
+
 __all__ = ["MODE", "PERIOD_S", "WorkerMover", "should_move"]
 
 # How often the workers trade places (as measured: scripts/cpu_speeds.py's nudge period).
@@ -57,18 +59,8 @@ def should_move(option: bool | None, worker_type: str, num_workers: int) -> bool
     the main thread's CPU a batch 3-10% up, in an A/B on the dev machine)."""
     if option is False or worker_type != "process" or num_workers < 2:
         return False
-    if not hasattr(os, "sched_setaffinity"):
-        return False
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except OSError:
-        return False
-    return cpus >= 2 and (option is True or cpus > num_workers)
-
-
-def last_cpu(pid: int) -> int:
-    """The CPU process ``pid`` last ran on; OSError if it is gone."""
-    return _stat(pid)[0]
+    cpus, affinity = available_cpus()  # (an affinity: Linux, which can set another's too)
+    return affinity and cpus is not None and cpus >= 2 and (option is True or cpus > num_workers)
 
 
 def _stat(pid: int) -> tuple[int, int]:
