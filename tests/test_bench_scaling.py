@@ -21,7 +21,7 @@ import torch
 
 from ferry.__main__ import main
 from ferry.bench import cli, scaling_cli
-from ferry.bench.roof import StackInto, measure_roof, roof_of, shares
+from ferry.bench.roof import RoofPool, StackInto, measure_roof, roof_of, shares
 from ferry.bench.scaling import (
     SCALING_WORKLOADS,
     ScalingConfig,
@@ -189,6 +189,23 @@ def test_the_roof_runs_every_share_in_its_own_process() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_the_roof_keeps_its_processes_between_passes_and_ends_them_on_close() -> None:
+    import multiprocessing
+
+    batches = [[i, i + 1] for i in range(0, 8, 2)]
+    with RoofPool(_Squares(8), batches, 2, min_pass_s=0.01, timeout_s=30) as pool:
+        first = multiprocessing.active_children()
+        assert sorted(p.name for p in first) == ["ferry-bench-roof-0", "ferry-bench-roof-1"]
+        passes = [pool.measure() for _ in range(3)]
+        assert multiprocessing.active_children() == first  # the same two, each pass
+    assert all(len(rates) == 2 and min(rates) > 0 for rates in passes)
+    assert pool.samples == 8
+    assert multiprocessing.active_children() == []
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.measure()
+
+
+@pytest.mark.timeout(60)
 def test_a_failing_roof_process_fails_the_roof_quickly() -> None:
     batches = [[0, 1], [2, 3]]
     with pytest.raises(RuntimeError, match="sample 2 is broken"):
@@ -234,6 +251,57 @@ def test_each_loader_is_a_share_of_the_roof_and_ferry_a_ratio_to_torch() -> None
     assert row.equal_share_bound == pytest.approx(800.0)
     assert (cells["bound/s"], cells["ferry %bound"]) == ("800", "112%")
     assert (cells["threads/s"], cells["threads %roof"], cells["threads x torch"]) == ("-",) * 3
+
+
+def test_shares_and_ratios_pair_each_epoch_with_the_roof_and_torch_of_its_round() -> None:
+    # The machine doubles its speed each round; ferry's second epoch is its best. Medians
+    # taken apart would read 2,000 over a 2,000 roof (100%) and 2,000 over torch's 1,600
+    # (1.25x); paired by round, ferry is at 75-100% of each round's roof, 90% in the middle.
+    row = ScalingRow(
+        "jpeg", 2, 128, 8, "cpu", 2000.0, (1200.0, 800.0), None,
+        (SideResult("torch", (800.0, 1600.0, 3200.0)),
+         SideResult("ferry", (900.0, 2000.0, 3000.0))),
+        roof_rounds=((600.0, 400.0), (1200.0, 800.0), (2400.0, 1600.0)),
+    )  # fmt: skip
+    assert row.share_of_roof("torch") == pytest.approx(0.8)
+    assert row.share_of_roof("ferry") == pytest.approx(0.9)  # of 0.9, 1.0, 0.75
+    assert row.equal_share_bound == pytest.approx(1600.0)  # of 800, 1,600, 3,200
+    assert row.share_of_bound("ferry") == pytest.approx(1.125)  # of 1.125, 1.25, 0.9375
+    assert row.over_torch("ferry") == pytest.approx(1.125)  # of 1.125, 1.25, 0.9375
+    # A side that failed after one round pairs its one epoch with the first round.
+    cut = dataclasses.replace(row, sides=(*row.sides, SideResult("ferry unmoved", (700.0,), "x")))
+    assert cut.share_of_roof("ferry unmoved") == pytest.approx(0.7)
+    assert cut.over_torch("ferry unmoved") == pytest.approx(0.875)
+
+
+@pytest.mark.timeout(60)
+def test_a_roof_failing_in_a_later_round_keeps_the_rounds_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ferry.bench import scaling
+
+    class FailsSecond:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.passes = 0
+
+        def measure(self) -> tuple[float, ...]:
+            self.passes += 1
+            if self.passes == 2:
+                raise RuntimeError("a roof process died (exit code 9)")
+            return (100.0,)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(scaling, "RoofPool", FailsSecond)
+    config = ScalingConfig(workloads=("uint8",), workers=(1,), reps=3, quick=True, threads=False)
+    [row] = run_scaling(config, lambda line: None)
+    assert row.roof_rounds == ((100.0,),)
+    assert (row.roof, row.roof_per_process) == (100.0, (100.0,))
+    assert row.roof_error == "round 2: RuntimeError: a roof process died (exit code 9)"
+    assert [len(side.epochs) for side in row.sides] == [3, 3]  # the loaders go on
+    torch_epochs = row.sides[0].epochs
+    assert row.share_of_roof("torch") == pytest.approx(torch_epochs[0] / 100.0)
 
 
 def test_table_markdown_and_json_carry_the_rows_and_their_failures() -> None:
@@ -296,6 +364,7 @@ def test_a_tiny_scaling_run_measures_every_side_and_writes_as_it_goes(
         assert record["roof"] > 0
         assert [s["label"] for s in record["sides"]] == ["torch", "ferry", "ferry threads"]
         assert all(s["error"] is None and len(s["epochs"]) == 1 for s in record["sides"])
+        assert [len(rates) for rates in record["roof_rounds"]] == [1]  # one pass, 1 process
     assert "| uint8 | 1 |" in page.read_text()
     header = captured.out.splitlines()[0]
     assert "balanced" not in header  # (its columns only when it ran)

@@ -2,11 +2,16 @@
 
 For a row of N workers, N processes each take an equal share of the epoch's index batches and
 run exactly what a loader's worker must run for them, ``collate([dataset[i] for i in batch])``,
-nothing else: no queue, no hand-off to another process, no pinning. Each times its own share
-after one untimed warm-up batch, once all N have warmed up (an event starts them together), so
-they run side by side as workers do (a pass goes over the share again until it has lasted a
-quarter second); their rates, summed, are the most this machine can make of that workload with
-N processes. A loader is then reported as a share of it.
+nothing else: no queue, no hand-off to another process, no pinning. Each warms up on one
+untimed batch, then waits; a pass (:meth:`RoofPool.measure`) starts all N together, so that they
+run side by side as workers do, and each times its own share (going over it again until the
+pass has lasted a quarter second). Their rates, summed, are the most this machine can make of
+that workload with N processes; a loader is reported as a share of it.
+
+The processes are kept between passes, as persistent workers are between epochs, so that the
+scaling mode can measure one pass in every round beside the loaders' epochs: a machine whose
+speed drifts (a VM whose host is busy) then moves the roof with the loaders, and each round's
+loader/roof ratio is read against the roof of its own round.
 
 The collate stacks samples that are tensors (or numpy arrays) of one shape and dtype into a
 batch tensor kept from the previous batch (``torch.stack(..., out=...)``): the same copy a
@@ -19,6 +24,7 @@ inherited, not pickled), and set ``torch.set_num_threads(1)`` as a loader's work
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import statistics
@@ -31,11 +37,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["RoofResult", "StackInto", "measure_roof", "roof_of", "shares"]
+__all__ = ["RoofPool", "RoofResult", "StackInto", "measure_roof", "roof_of", "shares"]
 
 _EXIT_GRACE_S = 5.0
 _POLL_S = 0.5  # how often the parent looks for a roof process that died without a word
 _READY = "ready"
+_GO, _STOP = "go", "stop"  # what the parent says to a roof process
 
 
 @dataclass(frozen=True)
@@ -101,36 +108,35 @@ def _is_array(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class _Share:
-    """What one roof process runs: its rank, the dataset, its batches, how often, the collate."""
+    """What one roof process runs: its rank, the dataset, its batches, the collate."""
 
     rank: int
     dataset: Any
     batches: list[list[int]]
-    passes: int
     collate: Callable[[list[Any]], Any]
     min_pass_s: float
 
 
-def _share_worker(share: _Share, go: Any, results: Any) -> None:
-    """One roof process: warm up on one batch, say so, wait for the start, time its passes."""
+def _share_worker(share: _Share, commands: Any, results: Any) -> None:
+    """One roof process: warm up on one batch, say so, then time one pass of its share each
+    time the parent says go, until it says stop (or goes away)."""
     dataset, collate = share.dataset, share.collate
     try:
         torch.set_num_threads(1)
         if share.batches:
             collate([dataset[i] for i in share.batches[0]])
         results.put((share.rank, _READY, None))
-        go.wait()
         samples = sum(len(batch) for batch in share.batches)
-        rates = []
-        for _ in range(share.passes):
+        while commands.recv() == _GO:
             done, elapsed, start = 0, 0.0, time.perf_counter()
             while done == 0 or elapsed < share.min_pass_s:  # the share again, if it was short
                 for batch in share.batches:
                     collate([dataset[i] for i in batch])
                 done += samples
                 elapsed = time.perf_counter() - start
-            rates.append(done / max(elapsed, 1e-9))
-        results.put((share.rank, rates, None))
+            results.put((share.rank, done / max(elapsed, 1e-9), None))
+    except EOFError:  # the parent is gone: nothing to report to
+        return
     except BaseException as exc:  # reported to the parent, which fails the roof
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         results.put((share.rank, None, text))
@@ -161,6 +167,93 @@ def _gather(
     return got
 
 
+class RoofPool:
+    """The roof's processes for one row, kept between passes (see the module docstring).
+
+    ``RoofPool(dataset, batches, processes)`` starts them and waits until each has warmed up;
+    each :meth:`measure` is one pass of every share, all started together, and returns each
+    process's rate (samples/s); :meth:`close` (or leaving a ``with`` block) ends them. Raises
+    ``RuntimeError`` when a process fails or dies, or when the start or a pass takes longer
+    than ``timeout_s`` (0: no limit); the pool is closed then.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batches: Sequence[Sequence[int]],
+        processes: int,
+        *,
+        min_pass_s: float = 0.25,
+        timeout_s: float = 300.0,
+        collate: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
+        methods = multiprocessing.get_all_start_methods()
+        context: Any = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        self.samples = sum(len(batch) for batch in batches)
+        self._timeout_s = timeout_s
+        self._results = context.Queue()
+        self._commands: list[Any] = []
+        self._processes: list[Any] = []
+        work, run_collate = shares(batches, processes), collate or StackInto()
+        try:
+            for rank in range(processes):
+                theirs, ours = context.Pipe(duplex=False)
+                share = _Share(rank, dataset, work[rank], run_collate, min_pass_s)
+                process = context.Process(
+                    target=_share_worker,
+                    args=(share, theirs, self._results),
+                    name=f"ferry-bench-roof-{rank}",
+                    daemon=True,
+                )
+                process.start()
+                theirs.close()
+                self._commands.append(ours)
+                self._processes.append(process)
+            self._gather()  # every one warmed up and waiting
+        except BaseException:
+            self.close()
+            raise
+
+    def _gather(self) -> dict[int, Any]:
+        end = time.monotonic() + self._timeout_s if self._timeout_s > 0 else None
+        return _gather(self._results, self._processes, end, self._timeout_s)
+
+    def measure(self) -> tuple[float, ...]:
+        """One timed pass of every share, side by side: each process's rate, by rank."""
+        if not self._processes:
+            raise RuntimeError("the roof's processes are closed")
+        try:
+            for commands in self._commands:
+                commands.send(_GO)
+            rates = self._gather()
+        except BaseException:
+            self.close()
+            raise
+        return tuple(float(rates[rank]) for rank in range(len(self._processes)))
+
+    def close(self) -> None:
+        """End the processes: asked to stop, then terminated if they do not within a grace."""
+        for commands in self._commands:
+            with contextlib.suppress(OSError):  # that one is gone already
+                commands.send(_STOP)
+            commands.close()
+        for process in self._processes:
+            if process.is_alive():
+                process.join(_EXIT_GRACE_S)
+            if process.is_alive():
+                process.terminate()
+                process.join(_EXIT_GRACE_S)
+        if self._processes:
+            self._results.close()
+        self._commands, self._processes = [], []
+
+    def __enter__(self) -> RoofPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def measure_roof(
     dataset: Any,
     batches: Sequence[Sequence[int]],
@@ -171,47 +264,16 @@ def measure_roof(
     timeout_s: float = 300.0,
     collate: Callable[[list[Any]], Any] | None = None,
 ) -> RoofResult:
-    """Run ``batches`` of ``dataset`` in ``processes`` plain processes and return their summed
-    rate (see the module docstring). A pass that takes less than ``min_pass_s`` goes over its
-    share again until it has taken that long, so that a short share (fast samples, a small
-    epoch) is not timed in a few scheduler slices. Raises ``RuntimeError`` when a process fails
-    or the whole takes longer than ``timeout_s`` (0: no limit)."""
-    methods = multiprocessing.get_all_start_methods()
-    context: Any = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    go = context.Event()
-    results = context.Queue()
-    work = shares(batches, processes)
-    run_collate = collate or StackInto()
-    started = [
-        context.Process(
-            target=_share_worker,
-            args=(_Share(rank, dataset, work[rank], passes, run_collate, min_pass_s), go, results),
-            name=f"ferry-bench-roof-{rank}",
-            daemon=True,
-        )
-        for rank in range(processes)
-    ]
-    end = time.monotonic() + timeout_s if timeout_s > 0 else None
-    rates: dict[int, list[float]] = {}
-    try:
-        for process in started:
-            process.start()
-        _gather(results, started, end, timeout_s)  # every one warmed up and waiting
-        go.set()
-        rates = _gather(results, started, end, timeout_s)
-    finally:
-        # Done: each process has sent its rates and exits. Failed: the rest are stopped now.
-        grace = _EXIT_GRACE_S if len(rates) == processes else 0.0
-        for process in started:
-            if process.is_alive():
-                process.join(grace)
-            if process.is_alive():
-                process.terminate()
-                process.join(_EXIT_GRACE_S)
-        results.close()
-    per_process = [rates[rank] for rank in range(processes)]
+    """Run ``batches`` of ``dataset`` in ``processes`` plain processes, ``passes`` times, and
+    return their summed rate (see the module docstring and :class:`RoofPool`, whose errors it
+    raises)."""
+    with RoofPool(
+        dataset, batches, processes, min_pass_s=min_pass_s, timeout_s=timeout_s, collate=collate
+    ) as pool:
+        by_pass = [pool.measure() for _ in range(passes)]
+    per_process = [[rates[rank] for rates in by_pass] for rank in range(processes)]
     return RoofResult(
         samples_per_s=roof_of(per_process),
         per_process=tuple(statistics.median(r) for r in per_process),
-        samples=sum(len(batch) for batch in batches),
+        samples=pool.samples,
     )

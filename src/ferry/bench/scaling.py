@@ -1,14 +1,17 @@
 """The scaling mode of ``python -m ferry bench``: loaders at 1, 2, 4, ... workers against the roof.
 
-A row is one workload at N workers. It first measures the roof (:mod:`ferry.bench.roof`): the
-dataset's own work on the epoch's indices in N plain processes. Then it builds one loader per
-side, torch's, ferry's with process workers and ferry's with thread workers, each as a
-training loop has it: ``shuffle=True``, ``persistent_workers=True``, the same seeded generator.
-Round 0 runs one warm-up epoch of each side in turn (workers start, caches fill); each of the
-next ``reps`` rounds runs one whole epoch of each side in turn, so drift of the machine hits
-all sides alike. A side's figure is the median of its measured epochs, in samples/s from
-``iter(loader)`` to the last batch (and, under the GPU feed, to the GPU having finished with
-it); it is reported beside torch's and as a share of the roof.
+A row is one workload at N workers. It starts the roof's processes (:mod:`ferry.bench.roof`):
+the dataset's own work on the epoch's indices in N plain processes, no loader. Then it builds
+one loader per side, torch's, ferry's with process workers and ferry's with thread workers,
+each as a training loop has it: ``shuffle=True``, ``persistent_workers=True``, the same seeded
+generator. Round 0 runs one warm-up epoch of each side in turn (workers start, caches fill);
+each of the next ``reps`` rounds runs one pass of the roof, then one whole epoch of each side
+in turn, so drift of the machine hits the roof and all sides alike. A side's figure is the
+median of its measured epochs, in samples/s from ``iter(loader)`` to the last batch (and,
+under the GPU feed, to the GPU having finished with it). Its share of the roof, of the bound
+and its ratio to torch are each the median over the rounds of that round's ratio (paired), so
+that a machine slower in one round than in the next (a VM whose host is busy: the GPU host's
+rates moved by a fifth within a minute) does not make one side look faster than another.
 
 The GPU feed (``--feed gpu``; the default where CUDA is present) adds what a training loop on a
 GPU does with each batch: ``pin_memory=True``, ``prefetch_factor=4``, each batch moved with
@@ -31,7 +34,7 @@ import torch
 
 from ferry.bench.measure import batch_digest, deadline
 from ferry.bench.results import median
-from ferry.bench.roof import measure_roof
+from ferry.bench.roof import RoofPool
 from ferry.bench.runner import load_api
 from ferry.bench.workloads import (
     ImagePool,
@@ -110,7 +113,8 @@ class ScalingConfig:
     Attributes:
         workloads: names from :data:`SCALING_WORKLOADS`.
         workers: the worker counts, in the order they run (rows are reported sorted).
-        reps: measured epochs per side after the warm-up epoch (and timed passes of the roof).
+        reps: rounds measured after the warm-up round: in each, one pass of the roof and one
+            epoch of each side.
         feed: ``"cpu"`` or ``"gpu"`` (see the module docstring).
         quick: tiny batches, for tests and smoke runs.
         threads: also run ferry's thread workers.
@@ -183,12 +187,15 @@ class ScalingRow:
     batch_size: int
     batches: int
     feed: str
-    roof: float | None  # samples/s
-    roof_per_process: tuple[float, ...] = ()
+    roof: float | None  # samples/s: the median of the rounds' roofs
+    roof_per_process: tuple[float, ...] = ()  # each process's median rate
     roof_error: str | None = None
     sides: tuple[SideResult, ...] = ()
     skipped: str | None = None  # why the row did not run (the budget)
     error: str | None = None  # why the row failed as a whole (its data could not be made)
+    # Each measured round's roof pass: every process's rate. A side's epochs[k] ran in the
+    # round of roof_rounds[k] (both start at the first measured round and stop at a failure).
+    roof_rounds: tuple[tuple[float, ...], ...] = ()
 
     def side(self, label: str) -> SideResult | None:
         """The side called ``label``, if the row ran it."""
@@ -199,29 +206,46 @@ class ScalingRow:
         """N times the slowest roof process's rate (samples/s): the most a loader that gives
         each of its N workers an equal share of the epoch (torch's round-robin; ferry's in
         order) can make here, since its epoch ends with its slowest worker. Below the roof by
-        as much as the machine's CPUs differ in speed (on a VM, 1.4x between vCPUs was seen)."""
+        as much as the machine's CPUs differ in speed (on a VM, 1.4x between vCPUs was seen).
+        The median of the rounds' bounds where the roof ran in rounds."""
+        if self.roof_rounds:
+            return median(_bounds(self.roof_rounds))
         rates = self.roof_per_process
         return len(rates) * min(rates) if rates else None
 
     def share_of_roof(self, label: str) -> float | None:
-        """The side's rate over the roof."""
-        return self._share(label, self.roof)
+        """The side's rate over the roof (paired by round where the roof ran in rounds)."""
+        return self._paired(label, [sum(r) for r in self.roof_rounds], self.roof)
 
     def share_of_bound(self, label: str) -> float | None:
-        """The side's rate over :attr:`equal_share_bound`."""
-        return self._share(label, self.equal_share_bound)
-
-    def _share(self, label: str, of: float | None) -> float | None:
-        side = self.side(label)
-        rate = side.samples_per_s if side else None
-        return None if rate is None or not of else rate / of
+        """The side's rate over :attr:`equal_share_bound` (paired likewise)."""
+        return self._paired(label, _bounds(self.roof_rounds), self.equal_share_bound)
 
     def over_torch(self, label: str) -> float | None:
-        """The side's rate over torch's."""
-        side, torch_side = self.side(label), self.side("torch")
-        rate = side.samples_per_s if side else None
-        base = torch_side.samples_per_s if torch_side else None
-        return None if rate is None or not base else rate / base
+        """The side's rate over torch's: the median of each round's ratio."""
+        torch_side = self.side("torch")
+        return self._paired(
+            label,
+            torch_side.epochs if torch_side else (),
+            torch_side.samples_per_s if torch_side else None,
+        )
+
+    def _paired(self, label: str, base: Sequence[float], overall: float | None) -> float | None:
+        """The median over the rounds of the side's epoch over ``base`` of the same round;
+        the side's median over ``overall`` where no round pairs."""
+        side = self.side(label)
+        if side is None or not side.epochs:
+            return None
+        ratios = [rate / of for rate, of in zip(side.epochs, base, strict=False) if of]
+        if ratios:
+            return median(ratios)
+        rate = side.samples_per_s
+        return None if rate is None or not overall else rate / overall
+
+
+def _bounds(rounds: Sequence[Sequence[float]]) -> list[float]:
+    """Each round's equal-share bound: its process count times its slowest process's rate."""
+    return [len(rates) * min(rates) for rates in rounds if rates]
 
 
 def _gpu_step() -> Callable[[Any], Any]:
@@ -289,14 +313,11 @@ def _run_row(
     dataset = workload.build(data, samples)
     order = torch.randperm(samples, generator=torch.Generator().manual_seed(config.seed))
     index_batches = order.view(batches, batch_size).tolist()
-    roof: float | None = None
     roof_error: str | None = None
-    per_process: tuple[float, ...] = ()
+    roof_rounds: list[tuple[float, ...]] = []
+    pool: RoofPool | None = None
     try:
-        result = measure_roof(
-            dataset, index_batches, workers, passes=config.reps, timeout_s=config.timeout_s
-        )
-        roof, per_process = result.samples_per_s, result.per_process
+        pool = RoofPool(dataset, index_batches, workers, timeout_s=config.timeout_s)
     except Exception as exc:
         roof_error = _fail(exc)
     gpu = config.feed == "gpu"
@@ -330,6 +351,11 @@ def _run_row(
         for round_ in range(1 + config.reps):
             if round_ > 1 and clock.spent():
                 break  # keep what was measured; the budget is spent
+            if round_ > 0 and pool is not None:
+                try:
+                    roof_rounds.append(pool.measure())
+                except Exception as exc:  # the pool closed itself
+                    roof_error, pool = f"round {round_}: {_fail(exc)}", None
             for side in sides:
                 if side.error is not None:
                     continue
@@ -343,6 +369,8 @@ def _run_row(
                 if round_ > 0:
                     side.epochs.append(rate)
     finally:
+        if pool is not None:
+            pool.close()
         for side in sides:
             side.loader = None
         gc.collect()
@@ -356,10 +384,11 @@ def _run_row(
         batch_size=batch_size,
         batches=batches,
         feed=config.feed,
-        roof=roof,
-        roof_per_process=per_process,
+        roof=median([sum(rates) for rates in roof_rounds]) if roof_rounds else None,
+        roof_per_process=tuple(median(list(r)) for r in zip(*roof_rounds, strict=True)),
         roof_error=roof_error,
         sides=tuple(SideResult(s.label, tuple(s.epochs), s.error) for s in sides),
+        roof_rounds=tuple(roof_rounds),
     )
 
 

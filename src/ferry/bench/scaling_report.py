@@ -1,8 +1,9 @@
 """How the scaling mode's results are shown: a text table, a markdown file and a JSON document.
 
 Each loader's rate (samples/s, median of its measured epochs) stands beside the roof of its row
-as a percentage, and ferry's beside torch's as a ratio. The markdown and JSON are written after
-every row (see ``ferry.bench.cli``), so a run cut short leaves what it measured.
+as a percentage, and ferry's beside torch's as a ratio (both the median of the rounds' ratios).
+The markdown and JSON are written after every row (see ``ferry.bench.cli``), so a run cut short
+leaves what it measured.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ LEGEND = """\
 samples/s: from iter(loader) to the last batch, whole epochs after a warm-up epoch (persistent
 workers, shuffled), median of the measured epochs; the sides alternate epoch by epoch.
 roof: the same __getitem__ and collate on the same indices in N plain processes, no loader,
-their rates summed: the most this machine makes of the workload with N processes.
+their rates summed: the most this machine makes of the workload with N processes; one pass
+in each round, before the loaders' epochs (median shown).
 bound: N times the slowest of those processes' rates: a loader that gives each worker an equal
 share of the epoch (torch's round-robin, ferry's in order) ends the epoch with its slowest
 worker, so where the CPUs differ in speed (vCPUs of a VM) this is its most, below the roof.
-% roof: the loader's rate over the roof. x torch: ferry's rate over torch's (thread workers
-are compared with torch's process workers: torch has no threads). balanced (--balanced): ferry's
-process workers with balance_workers=True, the next batch to the worker that would finish it
-first; it can beat the bound, not on a short epoch (--batches-per-worker makes it longer).
+% roof, % bound, x torch: the median over the rounds of the loader's epoch over that round's
+roof, bound or torch epoch (paired, so the machine's drift between rounds cancels); x torch
+compares thread workers with torch's process workers (torch has no threads).
+balanced (--balanced): ferry's process workers with balance_workers=True, the next batch to the
+worker that would finish it first; it can beat the bound, not on a short epoch
+(--batches-per-worker makes it longer).
 unmoved (--unmoved): ferry's process workers with move_workers=False, placed by the scheduler
 alone, as torch's are (ferry's default moves them round the CPUs while an epoch runs)."""
 
