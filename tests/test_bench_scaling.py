@@ -244,12 +244,12 @@ def test_each_loader_is_a_share_of_the_roof_and_ferry_a_ratio_to_torch() -> None
     assert row.share_of_roof("ferry threads") is None
     cells = dict(zip(TITLES, scaling_cells(row), strict=True))
     assert cells["roof/s"] == "1,000"
-    assert (cells["torch/s"], cells["torch %roof"]) == ("800", "80%")
-    assert (cells["ferry %roof"], cells["ferry x torch"]) == ("90%", "1.12x")
+    assert (cells["torch/s"], cells["torch %roof"]) == ("800", "80.0%")
+    assert (cells["ferry %roof"], cells["ferry x torch"]) == ("90.0%", "1.12x")
     # The roof's processes ran at 600 and 400 samples/s: a loader giving each worker half the
     # epoch waits for the one on the slower CPU, so 2 x 400 is its most here.
     assert row.equal_share_bound == pytest.approx(800.0)
-    assert (cells["bound/s"], cells["ferry %bound"]) == ("800", "112%")
+    assert (cells["bound/s"], cells["ferry %bound"]) == ("800", "112.5%")
     assert (cells["threads/s"], cells["threads %roof"], cells["threads x torch"]) == ("-",) * 3
 
 
@@ -318,7 +318,7 @@ def test_table_markdown_and_json_carry_the_rows_and_their_failures() -> None:
     assert "ferry: epoch 0: RunTimeout: slow" in table
     assert "not run: budget spent" in table
     page = scaling_markdown(rows, {"date": "today"})
-    assert "| jpeg | 2 | 1,000 | 800 | 800 | 80% | 900 | 90% | 112% | 1.12x |" in page
+    assert "| jpeg | 2 | 1,000 | 800 | 800 | 80.0% | 900 | 90.0% | 112.5% | 1.12x |" in page
     assert "- uint8 at 2: not run: budget spent" in page
     assert "- **date:** today" in page
     document = json.loads(json.dumps(scaling_json(rows, {"date": "today"})))

@@ -399,7 +399,7 @@ def _describe(row: ScalingRow) -> str:
         if rate is None:
             parts.append(f"{side.label} failed ({side.error})")
         else:
-            parts.append(f"{side.label} {rate:,.0f}/s" + (f" ({share:.0%})" if share else ""))
+            parts.append(f"{side.label} {rate:,.0f}/s" + (f" ({share:.1%})" if share else ""))
     return "; ".join(parts)
 
 

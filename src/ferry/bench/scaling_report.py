@@ -66,7 +66,8 @@ def _rate(value: float | None) -> str:
 
 
 def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
+    # One decimal: a target of 90% must not read as met at 89.6%.
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _ratio(value: float | None) -> str:
