@@ -401,6 +401,20 @@ def _big_samples(kind: str) -> list[Any]:
         ]
     if kind == "transposed":
         return [t[: 250 * 250].view(250, 250).t() for t in base]
+    if kind == "permuted image":  # HWC to CHW, as torchvision's pil_to_tensor gives it
+        return [
+            (t[: 3 * 96 * 96] * 100).to(torch.uint8).view(96, 96, 3).permute(2, 0, 1) for t in base
+        ]
+    if kind == "channels last 3d":
+        return [
+            t[: 2 * 4 * 8 * 8 * 8]
+            .view(2, 4, 8, 8, 8)
+            .contiguous(memory_format=torch.channels_last_3d)
+            for t in base
+        ]
+    if kind == "mixed layouts":  # torch keeps a layout only that every sample shares
+        plain = [t[: 4 * 16 * 16 * 16].view(4, 16, 16, 16) for t in base]
+        return [plain[0].contiguous(memory_format=torch.channels_last), plain[1], plain[2]]
     if kind == "expanded":
         return [t[:300].expand(300, 300) for t in base]
     if kind == "complex":
@@ -425,6 +439,9 @@ TENSOR_KINDS = [
     "parameter",
     "subclass",
     "channels last",
+    "channels last 3d",
+    "mixed layouts",
+    "permuted image",
     "transposed",
     "expanded",
     "complex",
@@ -449,6 +466,53 @@ def test_large_tensor_batches_match_torch_in_and_outside_a_loader(kind: str, mod
         assert_same_outcome(expected, outcome(lambda: ferry.default_collate(samples)), "outside")
         assert_same_outcome(expected, outcome(lambda: _in_loader(tud, samples)), "torch loader")
         assert_same_outcome(expected, outcome(lambda: _in_loader(ferry, samples)), "ferry loader")
+
+
+# torch's workers fail on these (their stack into shared memory takes out=, which autograd
+# refuses); ferry's stack as outside a worker and hand back a batch that records autograd.
+_WORKERS_DIFFER = {"requires grad", "parameter"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", TENSOR_KINDS)
+def test_large_tensor_batches_match_torchs_workers(kind: str) -> None:
+    """In a worker torch stacks into new contiguous memory of the first sample's dtype: a
+    channels-last batch comes out contiguous, mixed dtypes are cast to the first's, not
+    promoted, and a dtype that cannot be cast fails. ferry's process and thread workers give
+    what torch's process workers give."""
+    samples = _big_samples(kind)
+    expected = outcome(lambda: _in_loader(tud, samples, num_workers=1))
+    for worker_type in ("process", "thread"):
+        got = outcome(lambda: _in_loader(ferry, samples, num_workers=1, worker_type=worker_type))
+        if kind in _WORKERS_DIFFER:
+            assert isinstance(expected, Raised)
+            assert not isinstance(got, Raised)
+            assert_same(outcome(lambda: tud.default_collate(samples)), got, worker_type)
+        else:
+            assert_same_outcome(expected, got, worker_type)
+
+
+def test_a_dtype_a_worker_cannot_cast_to_says_which_sample_and_why() -> None:
+    samples = [torch.ones(BIG) > 0, torch.ones(BIG, dtype=torch.int64)]
+    with pytest.raises(TypeError, match="can't be cast to the desired output type") as caught:
+        _in_loader(ferry, samples, num_workers=1, worker_type="thread")
+    assert "first sample's dtype (torch.bool)" in str(caught.value)
+    assert "sample 1 is torch.int64" in str(caught.value)
+
+
+def test_a_batch_of_permuted_images_is_stacked_into_the_loaders_memory() -> None:
+    """Samples that share one layout torch stacks contiguously (HWC images seen as CHW) are
+    stacked straight into the loader's buffer, not stacked anew and copied in; samples whose
+    layout torch keeps (channels-last), or that mix layouts, are stacked as torch stacks them."""
+    from ferry._core.alloc import BufferPool, using_allocator
+
+    for kind, pooled in (("permuted image", 1), ("channels last", 0), ("mixed layouts", 0)):
+        samples = _big_samples(kind)
+        pool = BufferPool(min_bytes=1)
+        with using_allocator(pool):
+            batch = ferry.default_collate(samples)
+        assert_same(tud.default_collate(samples), batch, kind)
+        assert len(pool) == pooled, kind
 
 
 def test_grad_flows_through_a_collated_batch() -> None:

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from ferry._core.alloc import active_allocator, batch_empty
+from ferry._core.alloc import active_allocator, batch_empty, extent_bytes
+from ferry._core.info import get_worker_info
 from ferry._structure import is_namedtuple, map_structure, rebuild_mapping, rebuild_sequence
 
 try:
@@ -129,31 +130,100 @@ def collate_tensor_fn(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = No
             "collate_fn that builds the batch you need"
         )
     samples = list(batch)
+    if get_worker_info() is not None:
+        return _stack_in_worker(samples)
     allocator = active_allocator()
     if allocator is None or len(samples) * elem.nbytes < allocator.min_bytes:
         return torch.stack(samples, 0)
     if not _stackable_into_buffer(samples):
         return torch.stack(samples, 0)
-    out = batch_empty((len(samples), *elem.shape), elem.dtype)
+    return _stack_into_buffer(samples)
+
+
+def _stack_into_buffer(samples: list[torch.Tensor]) -> torch.Tensor:
+    """``samples`` stacked into the loader's memory, in the first sample's dtype. ``out=``
+    refuses what plain stack handles (tensors needing autograd, other devices): there torch's
+    result, not a buffer, is what the batch must be."""
+    first = samples[0]
+    out = batch_empty((len(samples), *first.shape), first.dtype)
     try:
         return torch.stack(samples, 0, out=out)
     except RuntimeError:
-        # out= refuses what plain stack handles (tensors needing autograd, other devices):
-        # torch's result, not a buffer, is what the batch must be.
         return torch.stack(samples, 0)
+
+
+def _stack_in_worker(samples: list[torch.Tensor]) -> torch.Tensor:
+    """A batch stacked in a worker, as torch's workers stack it: into new contiguous memory of
+    the first sample's dtype, whatever the samples' layout (channels-last samples give a
+    contiguous batch there, not a channels-last one) and dtypes (others are cast to the
+    first's, not promoted). Where that ``out=`` stack fails (samples that record autograd, a
+    dtype that cannot be cast to the first's), torch's worker fails; ferry stacks as outside a
+    worker. Tensor subclasses and other devices are stacked as outside a worker, as torch's
+    workers stack them."""
+    first = samples[0]
+    if first.device.type != "cpu" or any(type(t) is not torch.Tensor for t in samples):
+        return torch.stack(samples, 0)
+    try:
+        return _stack_into_buffer(samples)
+    except TypeError as exc:  # a dtype that cannot be cast to the first's
+        other = next((i for i, t in enumerate(samples) if t.dtype != first.dtype), None)
+        if other is None:
+            raise
+        raise TypeError(
+            f"{exc}: in a worker, collate stacks a batch into its first sample's dtype "
+            f"({first.dtype}), as torch's workers do, and sample {other} is "
+            f"{samples[other].dtype}; give the samples one dtype (convert them in the dataset)"
+        ) from exc
 
 
 def _stackable_into_buffer(samples: list[torch.Tensor]) -> bool:
     """Whether ``stack(out=buffer)`` would give what plain ``stack`` gives, in what it could
     not refuse: plain tensors (no subclass hook) of one dtype (``out=`` would cast rather than
-    promote), the first one contiguous (the batch takes its memory format). Autograd and
-    devices make ``out=`` raise, which the caller catches."""
+    promote) on the CPU, whose stack torch makes contiguous, as the buffer is. Autograd and
+    devices make ``out=`` raise, which the caller catches.
+
+    torch stacks into contiguous memory unless the samples are laid out alike in a way it
+    keeps (4-d channels-last ones, say, give a batch whose samples stay channels-last). A
+    contiguous first sample gives a contiguous batch; so do samples that all share one other
+    layout where torch's own stack of that layout is contiguous (``image.permute(2, 0, 1)``,
+    what torchvision's ``pil_to_tensor`` returns), which :func:`_stacks_contiguous` asks torch
+    once per layout. Samples of mixed layouts are left to torch."""
     first = samples[0]
     dtype = first.dtype
     for t in samples:
         if type(t) is not torch.Tensor or t.dtype is not dtype:
             return False
-    return first.is_contiguous() and first.device.type == "cpu"
+    if first.device.type != "cpu":
+        return False
+    if first.is_contiguous():
+        return True
+    stride = first.stride()
+    if any(t.stride() != stride for t in samples):
+        return False
+    return _stacks_contiguous(first)
+
+
+_LAYOUTS: dict[tuple[Any, ...], bool] = {}  # (shape, strides, dtype) -> whether torch stacks it
+_MAX_LAYOUTS = 64  # forgotten all at once past this: a dataset of ever-new shapes stays small
+_MAX_PROBE_BYTES = 16 << 20  # larger samples are not probed: their batches stack as torch's
+
+
+def _stacks_contiguous(sample: torch.Tensor) -> bool:
+    """Whether torch's stack of samples laid out as ``sample`` is contiguous: asked of torch
+    itself once per shape, strides and dtype, by stacking two uninitialised tensors of that
+    layout (tens of microseconds for an image; torch's meta device would need no memory but
+    imports some 800 modules on first use). False for samples over 16 MiB, not probed."""
+    key = (tuple(sample.shape), sample.stride(), sample.dtype)
+    known = _LAYOUTS.get(key)
+    if known is None:
+        if len(_LAYOUTS) >= _MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        known = False
+        if extent_bytes(key[0], key[1], sample.element_size()) <= _MAX_PROBE_BYTES:
+            probe = torch.empty_strided(sample.shape, sample.stride(), dtype=sample.dtype)
+            known = torch.stack([probe, probe]).is_contiguous()
+        _LAYOUTS[key] = known
+    return known
 
 
 def collate_numpy_array_fn(

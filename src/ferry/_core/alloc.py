@@ -25,7 +25,14 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["Allocator", "BufferPool", "batch_empty", "expect_batch", "using_allocator"]
+__all__ = [
+    "Allocator",
+    "BufferPool",
+    "batch_empty",
+    "expect_batch",
+    "extent_bytes",
+    "using_allocator",
+]
 
 _local = threading.local()
 
@@ -40,6 +47,14 @@ class Allocator(Protocol):
     min_bytes: int
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
+
+
+def extent_bytes(shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int) -> int:
+    """Bytes from a strided tensor's first element to just past its last."""
+    if math.prod(shape) == 0:
+        return 0
+    span = sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+    return (span + 1) * itemsize
 
 
 def batch_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ferry._core.alloc import extent_bytes
 from ferry._core.memory import available_memory
 from ferry._engine.transport import slabfile
 from ferry._engine.transport.messages import NewSlab
@@ -45,7 +46,7 @@ from ferry._engine.transport.slabfile import (
     is_descriptor_limit,
     map_file,
 )
-from ferry._engine.transport.slabmaps import RECENT_BATCHES, SlabMaps, extent_bytes
+from ferry._engine.transport.slabmaps import RECENT_BATCHES, SlabMaps
 
 __all__ = ["SLABS_SUPPORTED", "Slab", "SlabAllocator", "SlabMaps", "encode_batch"]
 

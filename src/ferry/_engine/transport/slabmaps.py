@@ -32,7 +32,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import io
-import math
 import os
 import pickle
 import threading
@@ -43,6 +42,7 @@ from typing import Any
 
 import torch
 
+from ferry._core.alloc import extent_bytes
 from ferry._engine.transport.messages import NewSlab
 from ferry._engine.transport.slabfile import (
     descriptor_limit,
@@ -52,18 +52,10 @@ from ferry._engine.transport.slabfile import (
     recv_fd,
 )
 
-__all__ = ["RECENT_BATCHES", "SlabMaps", "extent_bytes"]
+__all__ = ["RECENT_BATCHES", "SlabMaps"]
 
 # How many of a worker's latest batches size its slabs (here and in the worker's allocator).
 RECENT_BATCHES = 8
-
-
-def extent_bytes(shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int) -> int:
-    """Bytes from a strided tensor's first element to just past its last."""
-    if math.prod(shape) == 0:
-        return 0
-    span = sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
-    return (span + 1) * itemsize
 
 
 class _Lease:
