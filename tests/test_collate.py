@@ -6,6 +6,7 @@ generated nested samples and for every documented special case; and collate insi
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import importlib
 import inspect
@@ -85,6 +86,85 @@ def test_collate_in_a_loader_matches_collate_outside(batch: list[Any]) -> None:
     expected = outcome(lambda: tud.default_collate(_fresh(batch)))
     assert_same_outcome(expected, outcome(lambda: _in_loader(ferry, _fresh(batch))), "ferry loader")
     assert_same_outcome(expected, outcome(lambda: _in_loader(tud, _fresh(batch))), "torch loader")
+
+
+@contextlib.contextmanager
+def _as_in_a_torch_worker() -> Any:
+    """Code here runs as in a worker of torch's loader: torch's ``get_worker_info()`` (and so
+    ferry's, which answers it inside torch's workers) is not None."""
+    from torch.utils.data._utils import worker
+
+    kept = worker._worker_info
+    worker._worker_info = object()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        worker._worker_info = kept
+
+
+@HYPOTHESIS
+@given(batch=batches())
+def test_default_collate_in_a_worker_matches_torchs_workers(batch: list[Any]) -> None:
+    """In a worker torch stacks tensors into new contiguous shared memory of the first
+    sample's dtype (cast, not promoted; a channels-last layout not kept): ferry's collate gives
+    the same there, for generated batches."""
+    with _as_in_a_torch_worker():
+        _assert_both(lambda m: m.default_collate(_fresh(batch)))
+
+
+_LAYOUTS = ["as made", "transposed", "permuted", "channels last", "stepped", "expanded"]
+
+
+@st.composite
+def _laid_out_tensors(draw: st.DrawFn) -> list[torch.Tensor]:
+    """Two to four tensors of one shape, each of its own dtype (often the same) and laid out
+    as drawn: transposed, permuted, channels-last (4-d), every other element, expanded."""
+    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=4)))
+    count = draw(st.integers(2, 4))
+    first_dtype = draw(st.sampled_from(TORCH_DTYPES))
+    out = []
+    for position in range(count):
+        dtype = draw(st.sampled_from([first_dtype, first_dtype, *TORCH_DTYPES]))
+        layout = draw(st.sampled_from(_LAYOUTS))
+        dims = len(shape)
+        if layout == "transposed" and dims >= 2:
+            source = (*shape[:-2], shape[-1], shape[-2])
+            tensor = make_tensor(dtype, source, position, False).transpose(-1, -2)
+        elif layout == "permuted" and dims >= 2:
+            order = draw(st.permutations(range(dims)))
+            back = sorted(range(dims), key=lambda d: order[d])
+            source = tuple(shape[d] for d in order)
+            tensor = make_tensor(dtype, source, position, False).permute(*back)
+        elif layout == "channels last" and dims == 4:
+            tensor = make_tensor(dtype, shape, position, False).contiguous(
+                memory_format=torch.channels_last
+            )
+        elif layout == "stepped":
+            doubled = (*shape[:-1], 2 * shape[-1])
+            tensor = make_tensor(dtype, doubled, position, False)[..., ::2]
+        elif layout == "expanded":
+            tensor = make_tensor(dtype, (*shape[:-1], 1), position, False).expand(*shape)
+        else:
+            tensor = make_tensor(dtype, shape, position, False)
+        assert tensor.shape == shape
+        out.append(tensor)
+    return out
+
+
+@HYPOTHESIS
+@given(samples=_laid_out_tensors())
+def test_tensors_of_any_layout_and_dtype_collate_as_torchs(samples: list[torch.Tensor]) -> None:
+    """Outside a loader, in the main process's buffer and in a worker: the batch (dtype,
+    strides, values) or the exception type is torch's."""
+    from ferry._core.alloc import BufferPool, using_allocator
+
+    _assert_both(lambda m: m.default_collate(list(samples)), "outside a loader")
+    expected = outcome(lambda: tud.default_collate(list(samples)))
+    with using_allocator(BufferPool(min_bytes=1)):
+        got = outcome(lambda: ferry.default_collate(list(samples)))
+    assert_same_outcome(expected, got, "in the main process's buffer")
+    with _as_in_a_torch_worker():
+        _assert_both(lambda m: m.default_collate(list(samples)), "in a worker")
 
 
 @HYPOTHESIS
