@@ -7,7 +7,9 @@
 #
 # The seventeenth session's calls (docs/design/scaling.md, "The landed mover measured") found
 # every row at 8 and 15 workers at 1.0x torch or more, and the JPEG row at 15 workers at 89.6%
-# of the roof (paired by round, 7 rounds; the issue asks 90%), 92.2% on 240-batch epochs. So:
+# of the roof (paired by round, 7 rounds; the issue asks 90%), 92.2% on 240-batch epochs, at
+# d7b8f5b; since then (009309c) a worker stacks the jpeg rows' permuted images straight into its
+# slab (4 ms of a worker's 430 ms a batch on the dev machine, not measured there). So:
 #
 # 1. bench/: the scaling mode at 15 and 8 workers, jpeg and uint8, no thread workers, ferry
 #    with move_workers=False beside ferry and torch, 9 rounds (gpu_host_bench.sh with
