@@ -21,7 +21,7 @@ import torch
 
 from ferry.__main__ import main
 from ferry.bench import cli, scaling_cli
-from ferry.bench.roof import RoofPool, StackInto, measure_roof, roof_of, shares
+from ferry.bench.roof import RoofPool, StackInto, roof_of, shares
 from ferry.bench.scaling import (
     SCALING_WORKLOADS,
     ScalingConfig,
@@ -157,10 +157,21 @@ def test_shares_are_contiguous_and_even() -> None:
         shares(batches, 0)
 
 
-def test_the_roof_sums_each_process_median() -> None:
-    assert roof_of([[100.0, 300.0, 200.0], [50.0]]) == 250.0
+def test_the_roof_is_the_median_pass_of_summed_rates() -> None:
+    # Three passes of two processes: summed, 150, 350 and 250 samples/s.
+    assert roof_of([[100.0, 50.0], [300.0, 50.0], [200.0, 50.0]]) == (250.0, (200.0, 50.0))
     with pytest.raises(ValueError, match="at least one timed pass"):
         roof_of([[1.0], []])
+    with pytest.raises(ValueError, match="at least one timed pass"):
+        roof_of([])
+
+
+def _roof(dataset: Any, batches: list[list[int]], processes: int, *, passes: int,
+          timeout_s: float) -> tuple[float, tuple[float, ...], int]:  # fmt: skip
+    """``passes`` passes of a :class:`RoofPool`: the roof, each process's rate, the samples."""
+    with RoofPool(dataset, batches, processes, timeout_s=timeout_s) as pool:
+        roof, per_process = roof_of([pool.measure() for _ in range(passes)])
+    return roof, per_process, pool.samples
 
 
 def test_stack_into_reuses_its_batch_and_collates_the_rest_as_default_collate() -> None:
@@ -181,11 +192,11 @@ def test_stack_into_reuses_its_batch_and_collates_the_rest_as_default_collate() 
 @pytest.mark.timeout(60)
 def test_the_roof_runs_every_share_in_its_own_process() -> None:
     batches = [[i, i + 1] for i in range(0, 16, 2)]
-    result = measure_roof(_Squares(16), batches, 2, passes=2, timeout_s=30)
-    assert len(result.per_process) == 2
-    assert all(rate > 0 for rate in result.per_process)
-    assert result.samples_per_s == pytest.approx(sum(result.per_process))
-    assert result.samples == 16
+    roof, per_process, samples = _roof(_Squares(16), batches, 2, passes=2, timeout_s=30)
+    assert len(per_process) == 2
+    assert all(rate > 0 for rate in per_process)
+    assert roof == pytest.approx(sum(per_process))
+    assert samples == 16
 
 
 @pytest.mark.timeout(60)
@@ -209,7 +220,7 @@ def test_the_roof_keeps_its_processes_between_passes_and_ends_them_on_close() ->
 def test_a_failing_roof_process_fails_the_roof_quickly() -> None:
     batches = [[0, 1], [2, 3]]
     with pytest.raises(RuntimeError, match="sample 2 is broken"):
-        measure_roof(_Squares(4, bad=2), batches, 2, passes=1, timeout_s=30)
+        _roof(_Squares(4, bad=2), batches, 2, passes=1, timeout_s=30)
 
 
 # --- the jpeg dataset ------------------------------------------------------------------------
@@ -457,7 +468,7 @@ class _Stalls(_Squares):
 def test_a_roof_past_its_timeout_fails_and_stops_its_processes() -> None:
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"the roof took longer than 0\.5 s"):
-        measure_roof(_Stalls(4), [[0, 1], [2, 3]], 1, passes=1, timeout_s=0.5)
+        _roof(_Stalls(4), [[0, 1], [2, 3]], 1, passes=1, timeout_s=0.5)
     assert time.monotonic() - start < 15
 
 
@@ -474,7 +485,7 @@ class _Dies(_Squares):
 def test_a_roof_process_that_dies_fails_the_roof_without_waiting_for_the_timeout() -> None:
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"a roof process died \(exit code 3\)"):
-        measure_roof(_Dies(4), [[0, 1], [2, 3]], 1, passes=1, timeout_s=50)
+        _roof(_Dies(4), [[0, 1], [2, 3]], 1, passes=1, timeout_s=50)
     assert time.monotonic() - start < 15
 
 

@@ -37,21 +37,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["RoofPool", "RoofResult", "StackInto", "measure_roof", "roof_of", "shares"]
+__all__ = ["RoofPool", "StackInto", "roof_of", "shares"]
 
 _EXIT_GRACE_S = 5.0
 _POLL_S = 0.5  # how often the parent looks for a roof process that died without a word
 _READY = "ready"
 _GO, _STOP = "go", "stop"  # what the parent says to a roof process
-
-
-@dataclass(frozen=True)
-class RoofResult:
-    """The roof of one row: samples/s summed over the processes, and each one's rate."""
-
-    samples_per_s: float
-    per_process: tuple[float, ...]
-    samples: int  # samples each pass covered, over all processes
 
 
 def shares(batches: Sequence[Sequence[int]], parts: int) -> list[list[list[int]]]:
@@ -67,12 +58,16 @@ def shares(batches: Sequence[Sequence[int]], parts: int) -> list[list[list[int]]
     return out
 
 
-def roof_of(rates: Sequence[Sequence[float]]) -> float:
-    """The roof from each process's rates over its passes (samples/s): the sum over processes
-    of each one's median pass."""
-    if not rates or any(not passes for passes in rates):
-        raise ValueError("every process needs at least one timed pass")
-    return float(sum(statistics.median(passes) for passes in rates))
+def roof_of(passes: Sequence[Sequence[float]]) -> tuple[float, tuple[float, ...]]:
+    """The roof from its passes, each one every process's rate (samples/s): the median over
+    the passes of their summed rates (a pass's processes ran side by side, so their sum is the
+    machine's rate then), and each process's median rate."""
+    if not passes or any(len(rates) != len(passes[0]) or not rates for rates in passes):
+        raise ValueError(
+            "every process needs at least one timed pass, and each pass a rate from every process"
+        )
+    per_process = tuple(float(statistics.median(rates)) for rates in zip(*passes, strict=True))
+    return float(statistics.median(sum(rates) for rates in passes)), per_process
 
 
 class StackInto:
@@ -252,28 +247,3 @@ class RoofPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def measure_roof(
-    dataset: Any,
-    batches: Sequence[Sequence[int]],
-    processes: int,
-    *,
-    passes: int = 2,
-    min_pass_s: float = 0.25,
-    timeout_s: float = 300.0,
-    collate: Callable[[list[Any]], Any] | None = None,
-) -> RoofResult:
-    """Run ``batches`` of ``dataset`` in ``processes`` plain processes, ``passes`` times, and
-    return their summed rate (see the module docstring and :class:`RoofPool`, whose errors it
-    raises)."""
-    with RoofPool(
-        dataset, batches, processes, min_pass_s=min_pass_s, timeout_s=timeout_s, collate=collate
-    ) as pool:
-        by_pass = [pool.measure() for _ in range(passes)]
-    per_process = [[rates[rank] for rates in by_pass] for rank in range(processes)]
-    return RoofResult(
-        samples_per_s=roof_of(per_process),
-        per_process=tuple(statistics.median(r) for r in per_process),
-        samples=pool.samples,
-    )

@@ -34,7 +34,7 @@ import torch
 
 from ferry.bench.measure import batch_digest, deadline
 from ferry.bench.results import median
-from ferry.bench.roof import RoofPool
+from ferry.bench.roof import RoofPool, roof_of
 from ferry.bench.runner import load_api
 from ferry.bench.workloads import (
     ImagePool,
@@ -378,14 +378,15 @@ def _run_row(
     for side in sides[1:]:
         if side.error is None and side.digest and torch_digest and side.digest != torch_digest:
             side.error = "the first batch differs from torch's for the same seed"
+    roof, per_process = roof_of(roof_rounds) if roof_rounds else (None, ())
     return ScalingRow(
         workload=workload.name,
         workers=workers,
         batch_size=batch_size,
         batches=batches,
         feed=config.feed,
-        roof=median([sum(rates) for rates in roof_rounds]) if roof_rounds else None,
-        roof_per_process=tuple(median(list(r)) for r in zip(*roof_rounds, strict=True)),
+        roof=roof,
+        roof_per_process=per_process,
         roof_error=roof_error,
         sides=tuple(SideResult(s.label, tuple(s.epochs), s.error) for s in sides),
         roof_rounds=tuple(roof_rounds),
