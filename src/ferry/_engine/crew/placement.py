@@ -39,6 +39,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ferry._core.memory import proc_stat
 from ferry._validate import available_cpus
 
 __all__ = ["MODE", "PERIOD_S", "WorkerMover", "should_move"]
@@ -66,8 +67,9 @@ def should_move(option: bool | None, worker_type: str, num_workers: int) -> bool
 def _stat(pid: int) -> tuple[int, int]:
     """Process ``pid``'s last CPU and the CPU time it used, in clock ticks (fields 39, 14 and
     15 of /proc/PID/stat); OSError if it is gone."""
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        fields = stat.read().rsplit(b")", 1)[1].split()
+    fields = proc_stat(pid)
+    if not fields:
+        raise ProcessLookupError(f"process {pid} is gone")
     return int(fields[36]), int(fields[11]) + int(fields[12])
 
 
