@@ -1,28 +1,24 @@
 #!/usr/bin/env bash
 # Issue 33's next call on a GPU host, in the order of what it settles, within DEADLINE seconds
 # (default 540: one device command may run 600). Each step gets what time is left and writes
-# into OUT_DIR as it goes, so a call cut short keeps the steps done.
+# into OUT_DIR as it goes (at most 8 files: what one device call brings back), so a call cut
+# short keeps the steps done.
 #
 #   scripts/device_next.sh OUT_DIR
 #
-# The seventeenth session's calls (docs/design/scaling.md, "The landed mover measured") found
-# every row at 8 and 15 workers at 1.0x torch or more, and the JPEG row at 15 workers at 89.6%
-# of the roof (paired by round, 7 rounds; the issue asks 90%), 92.2% on 240-batch epochs, at
-# d7b8f5b; since then (009309c) a worker stacks the jpeg rows' permuted images straight into its
-# slab (4 ms of a worker's 430 ms a batch on the dev machine, not measured there). So:
+# The eighteenth session's first call found the JPEG row at 15 workers at 88.0% of the roof (20
+# rounds; the issue asks 90%) with the mover trading places ("swap"). The mover's "even" mode
+# (those furthest behind in the epoch to the fastest CPUs) is measured against it, paired by
+# round (scripts/mover_ab.py: torch, ferry with "even", ferry with "swap", the roof):
 #
-# 1. bench/: the scaling mode at 15 and 8 workers, jpeg and uint8, no thread workers, ferry
-#    with move_workers=False beside ferry and torch, 9 rounds (gpu_host_bench.sh with
-#    WORKERS=15,8 UNMOVED=1 NO_THREADS=1 REPS=9): every row at 1.0x torch or more, and jpeg at
-#    15 at 90% of the roof, are the issue's targets.
-# 2. long/: jpeg at 15 workers on 240-batch epochs, balance_workers=True beside (BPW=16
-#    BALANCED=1, 3 rounds).
-# 3. cpu_speeds.txt, with the time left: scripts/cpu_speeds.py (the CPU map of that machine, to
-#    read the rows above by).
+# 1. j15: jpeg at 15 workers, 20 rounds: the issue's 90%.
+# 2. j8: jpeg at 8 workers, 10 rounds.
+# 3. uint8: uint8 at 15 and 8 workers, 5 rounds (bound by the main process: no change expected).
+# 4. long: jpeg at 15 workers on 240-batch epochs, 3 rounds, with the time left.
 #
-# Environment: PYTHON (default python3), DEADLINE, FEED (gpu, the default, or cpu: a smoke
-# test without CUDA), QUICK=1 (tiny rows: a smoke test of the script itself, figures
-# meaningless). docs/design/scaling.md ("What stays unverified") says how to read the output.
+# Each step: OUT_DIR/NAME.txt (its output; the first also the host) and NAME.json (the rows).
+# Environment: PYTHON (default python3), DEADLINE, FEED (gpu, the default, or cpu: a smoke test
+# without CUDA), QUICK=1 (tiny rows: a smoke test of the script itself, figures meaningless).
 set -u
 
 out="${1:-${OUT:-device-next-$(date -u +%Y%m%dT%H%M%SZ)}}"
@@ -33,33 +29,34 @@ mkdir -p "$out" || exit 2
 out="$(cd "$out" && pwd)"
 cd "$repo" || exit 2
 export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"
+feed="${FEED:-gpu}"
 
-if [ -n "${QUICK:-}" ]; then
-  bench=(QUICK=1 WORKERS=2 REPS=1 LIMIT=60)
-  long=(QUICK=1 WORKERS=2 REPS=1 LIMIT=60)
-else
-  bench=(WORKERS=15,8 REPS=9 LIMIT=270 BUDGET=220)
-  long=(WORKERS=15 REPS=3 LIMIT=180 BUDGET=120)
-fi
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ); commit: $(git rev-parse --short HEAD 2>/dev/null)"
+  echo "cpus: $(nproc); $(uname -r)"
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name --format=csv,noheader
+  "$python" -c 'import torch, PIL; print("torch", torch.__version__, "Pillow", PIL.__version__)'
+} >"$out/j15.txt" 2>&1
 
 left() { echo $((deadline - $(date +%s))); }
-# One run of gpu_host_bench.sh: NAME, the least time it needs (s), then its settings; left out
-# when short of that (the script bounds itself with its LIMIT).
-bench() {
+# One run of mover_ab.py: NAME, the least time it needs (s), then its arguments; left out when
+# short of that, and stopped at the deadline.
+step() {
   local name=$1 least=$2
   shift 2
   if [ "$(left)" -lt "$least" ]; then
-    echo "device_next: $name left out ($(left) s left)" | tee -a "$out/steps.txt"
+    echo "device_next: $name left out ($(left) s left)" | tee -a "$out/j15.txt"
     return
   fi
-  env "$@" NO_THREADS=1 FEED="${FEED:-gpu}" PYTHON="$python" \
-    scripts/gpu_host_bench.sh "$out/$name" >"$out/$name.log" 2>&1
-  echo "device_next: $name exit $?, $(left) s left" | tee -a "$out/steps.txt"
+  [ -n "${QUICK:-}" ] && set -- "$@" --quick --reps 1 --workers 2
+  timeout -k 5 $(($(left) - 3)) "$python" scripts/mover_ab.py --feed "$feed" --timeout 60 \
+    --json "$out/$name.json" "$@" >>"$out/$name.txt" 2>&1
+  echo "device_next: $name exit $?, $(left) s left" | tee -a "$out/j15.txt"
 }
-bench bench 60 "${bench[@]}" UNMOVED=1
-bench long 120 "${long[@]}" ONLY=jpeg BPW=16 BALANCED=1 UNMOVED=1
-if [ "$(left)" -gt 45 ]; then
-  timeout -k 5 $(($(left) - 5)) "$python" scripts/cpu_speeds.py >"$out/cpu_speeds.txt" 2>&1
-  echo "device_next: cpu_speeds exit $?, $(left) s left" | tee -a "$out/steps.txt"
-fi
-cat "$out/bench/table.txt" "$out/long/table.txt" "$out/cpu_speeds.txt" 2>/dev/null
+step j15 60 --only jpeg --workers 15 --reps 20
+step j8 60 --only jpeg --workers 8 --reps 10
+step uint8 40 --only uint8 --workers 15 8 --reps 5
+step long 130 --only jpeg --workers 15 --batches-per-worker 16 --reps 3
+for name in j15 j8 uint8 long; do
+  [ -f "$out/$name.txt" ] && sed -n '/ x[0-9]*: /,$p' "$out/$name.txt"
+done

@@ -298,3 +298,111 @@ def test_ferry_moves_workers_where_each_can_have_a_cpu_or_where_asked(
 def test_the_option_is_kept_as_an_attribute() -> None:
     assert ferry.DataLoader(range(8)).move_workers is None
     assert ferry.DataLoader(range(8), num_workers=2, move_workers=False).move_workers is False
+
+
+# -- "even": those behind to the fastest CPUs ------------------------------------------------
+
+
+def _evening(made: dict[int, int], speeds: dict[int, float]) -> placement._Evening:
+    """An evening whose workers (by pid) made ``made`` samples this epoch, on CPUs of
+    ``speeds``."""
+    evening = placement._Evening(lambda: made)
+    evening.began = dict.fromkeys(made, 0)
+    evening.last = dict(made)
+    evening.speeds = dict(speeds)
+    return evening
+
+
+def test_the_workers_furthest_behind_go_to_the_fastest_cpus() -> None:
+    evening = _evening({10: 30, 11: 10, 12: 20}, {0: 100.0, 1: 50.0, 2: 200.0})
+    moves = evening.assign([(10, 0, 5), (11, 1, 5), (12, 2, 5)], set())
+    assert dict(moves) == {10: 1, 11: 2, 12: 0}
+    assert evening.put == {10: 1, 11: 2, 12: 0}  # (where each was put: read at the next look)
+
+
+def test_cpus_idle_workers_left_are_given_to_those_still_at_work() -> None:
+    """The end of an epoch: the workers done with their share left their CPUs free; the last
+    one at work goes to the fastest CPU there is, not only among the busy ones'."""
+    evening = _evening({10: 3, 11: 9}, {0: 50.0, 1: 90.0, 5: 300.0, 6: 20.0})
+    moves = evening.assign([(10, 0, 5), (11, 1, 5)], {5, 6})
+    assert moves == [(10, 5)]  # (11 stays on 1, the next fastest)
+    assert evening.put == {10: 5, 11: 1}
+    assert evening.assign([(10, 5, 5)], {0, 1, 6}) == []  # (already on the fastest)
+
+
+def test_without_counts_or_speeds_the_workers_still_trade_places() -> None:
+    """An iterable dataset, ``__getitems__``: nothing counted, no speed known; the order turns
+    each look, so each worker runs on each CPU in turn, as with ``MODE = "swap"``."""
+    evening = _evening({10: 0, 11: 0, 12: 0}, {})
+    where = {10: 0, 11: 1, 12: 2}
+    seen: dict[int, set[int]] = {pid: set() for pid in where}
+    for _ in range(3):
+        evening.read({})
+        where.update(evening.assign([(pid, cpu, 5) for pid, cpu in where.items()], set()))
+        for pid, cpu in where.items():
+            seen[pid].add(cpu)
+    assert all(cpus == {0, 1, 2} for cpus in seen.values())
+
+
+def test_a_cpus_speed_is_read_from_a_worker_that_stayed_on_it_all_the_while() -> None:
+    counts = {10: 100, 11: 100, 12: 100}
+    evening = placement._Evening(lambda: dict(counts))
+    evening.begin()
+    evening.read({})  # (the epoch's first look: counts start here)
+    evening.put = {10: 0, 11: 1, 12: 2}
+    evening.at -= 0.1  # (the last look, 100 ms ago)
+    counts.update({10: 130, 11: 110, 12: 130})
+    ticks = round(0.1 / evening.TICK_S)
+    # 10 stayed on CPU 0 and computed all the while: CPU 0 made 300 samples a second. 11 was
+    # moved on by the scheduler (now on 3), 12 computed a tenth of the while: neither is read.
+    evening.read({0: [(10, 0, ticks), (11, 3, ticks), (12, 2, 1)]})
+    assert set(evening.speeds) == {0}
+    assert evening.speeds[0] == pytest.approx(300, rel=0.2)
+    evening.put = {10: 0}
+    evening.at -= 0.1
+    counts[10] += 10  # (100 a second now: the reading moves the speed by SPEED_WEIGHT)
+    evening.read({0: [(10, 0, ticks)]})
+    assert evening.speeds[0] == pytest.approx(300 - placement.SPEED_WEIGHT * 200, rel=0.2)
+    assert evening._made(10) == 40  # (since the epoch's first look)
+    evening.begin()
+    assert evening._made(10) == 0  # (a new epoch)
+    assert evening.speeds  # (the speeds are kept)
+
+
+class Batched(Where):
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        return [self[i] for i in indices]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("dataset", "context", "counted"),
+    [(Where(), "fork", True), (Batched(), "fork", False), (Where(), "spawn", None)],
+    ids=["one-by-one", "getitems", "spawn"],
+)
+def test_forked_workers_count_their_samples_for_the_mover(
+    dataset: Any, context: str, counted: bool | None
+) -> None:
+    """Each forked worker counts the samples it makes one by one (``__getitems__``: not
+    counted, the mover trades places as before); a spawned worker cannot share the counts."""
+    loader = ferry.DataLoader(
+        dataset,
+        batch_size=4,
+        num_workers=2,
+        move_workers=True,
+        persistent_workers=True,
+        multiprocessing_context=context,
+    )
+    for epoch in range(1, 3):
+        got = torch.cat(list(loader))
+        assert sorted(got[:, 0].tolist()) == list(range(48))
+        group = loader._iterator._crew.group
+        assert group.mover is not None
+        if counted is None:
+            assert group.tally is None
+            assert group.mover._mode == "swap"
+            continue
+        assert group.mover._mode == "even"
+        made = {w.worker_id: (got[:, 1] == w.pid).sum().item() for w in group.workers}
+        counts = list(group.tally.counts)
+        assert counts == ([epoch * made[0], epoch * made[1]] if counted else [0, 0])

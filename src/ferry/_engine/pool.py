@@ -132,6 +132,7 @@ class WorkerIterator(LoaderIterator):
                 report_start=crew.replays,
                 reads=crew.group.reads,
                 read_limit=POOL_LIMIT // plan.num_workers if self._auto.switch.reads_alone else 0,
+                tally=crew.tally(plan),
             )
             for i, start in enumerate(starts)
         ]

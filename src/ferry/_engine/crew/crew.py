@@ -16,6 +16,7 @@ where each worker stands, and tells the crew what to send.
 
 from __future__ import annotations
 
+import multiprocessing
 import weakref
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
@@ -23,7 +24,7 @@ from typing import Any, Generic, TypeVar
 from ferry._engine.crew.channels import Channel, WorkerMessage
 from ferry._engine.crew.group import WorkerGroup, WorkerHandle
 from ferry._engine.crew.kinds import WorkerKind
-from ferry._engine.crew.placement import WorkerMover
+from ferry._engine.crew.placement import Tally, WorkerMover
 from ferry._engine.crew.worker import WorkerConfig
 from ferry._engine.plan import EpochPlan
 from ferry._engine.transport.messages import Done
@@ -132,9 +133,29 @@ class Crew(Generic[H]):
         if not plan.move_workers or self.kind.name != "process" or group.closed:
             return
         if group.mover is None:
-            workers = group.workers
-            group.mover = WorkerMover(lambda: [w.pid for w in list(workers) if w.pid is not None])
+            workers, tally = group.workers, group.tally
+            made = None
+            if tally is not None:
+                counts = tally.counts
+
+                def made() -> dict[int, int]:
+                    return {w.pid: counts[w.worker_id] for w in list(workers) if w.pid is not None}
+
+            group.mover = WorkerMover(
+                lambda: [w.pid for w in list(workers) if w.pid is not None], made=made
+            )
         group.mover.resume()
+
+    def tally(self, plan: EpochPlan) -> Tally | None:
+        """Where the workers count the samples they make, for the thread that moves them
+        (forked process workers that are moved: see :class:`~ferry._engine.crew.placement.Tally`);
+        made with the crew's first workers."""
+        group = self.group
+        if group.tally is None and plan.move_workers and self.kind.name == "process":
+            context = plan.multiprocessing_context or multiprocessing.get_context()
+            if context.get_start_method() == "fork":
+                group.tally = Tally(plan.num_workers)
+        return group.tally
 
     def rest(self) -> None:
         """The epoch ended: the workers stay where they are until :meth:`move` again."""

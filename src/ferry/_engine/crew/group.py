@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from ferry._core.intra_op import settle
 from ferry._core.rng import ready_to_fork
-from ferry._engine.crew.placement import WorkerMover
+from ferry._engine.crew.placement import Tally, WorkerMover
 from ferry._engine.crew.worker import (
     Activity,
     WorkerConfig,
@@ -225,6 +225,8 @@ class WorkerGroup(Generic[H]):
         self.pinner: Pinner | None = None
         # move_workers: the thread that moves process workers round their CPUs (placement.py).
         self.mover: WorkerMover | None = None
+        # ... and where its forked process workers count the samples they make, for the mover.
+        self.tally: Tally | None = None
         # Thread workers of a map-style dataset: their shared per-sample reads (reads.py); an
         # async dataset's workers: its reads on an event loop (aio.py).
         self.reads: SampleReads | AsyncReads | None = None

@@ -24,30 +24,51 @@ put, and so is one that runs on a CPU set other than its loader's.
 Where (:func:`should_move`): by default only where each worker can have a CPU of its own beside
 the main process; where the workers outnumber the CPUs the scheduler moves them already.
 
-``MODE = "rotate"`` (for measurements; ``scripts/scaling_costs.py --loader ferry-rotate``) pins
-instead: worker ``i`` to the ``(i + tick)``-th allowed CPU, the whole assignment shifted one CPU
-each period, and set free when the epoch ends. Faster on an idle host (96-97% of the summed
-rates in the same measurement) and unsafe on a shared one: two loaders (two ranks on one host)
+What (:class:`_Evening`, ``MODE = "even"``, the default where the workers count their samples:
+process workers forked, map-style, a sample at a time): trading places evens the workers'
+speeds out only on average, and the epoch still ends with whichever worker the draw of CPUs
+left behind. So each look also reads how many samples each worker has made (a counter in
+memory the workers share with the main process, :class:`Tally`) and how fast each CPU made them
+(the samples of the worker that stayed on it since the last look, smoothed over looks): the
+workers furthest behind in the epoch go to the fastest CPUs, the ones ahead to the slowest.
+Those behind catch up; near the end of the epoch the last workers run on the fastest CPUs,
+including those that workers done with their share left free. Without counts (an iterable
+dataset, ``__getitems__``, spawned workers) the order turns each look: the workers trade
+places as above.
+
+``MODE = "swap"`` trades places only (for measurements). ``MODE = "rotate"`` (for
+measurements; ``scripts/scaling_costs.py --loader ferry-rotate``) pins instead: worker ``i``
+to the ``(i + tick)``-th allowed CPU, the whole assignment shifted one CPU each period, and set
+free when the epoch ends. Faster on an idle host (96-97% of the summed rates in the same
+measurement) and unsafe on a shared one: two loaders (two ranks on one host)
 would pin their workers onto the same CPUs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ferry._core.memory import proc_stat
 from ferry._validate import available_cpus
 
-__all__ = ["MODE", "PERIOD_S", "WorkerMover", "should_move"]
+__all__ = ["MODE", "PERIOD_S", "Tally", "WorkerMover", "should_move"]
 
 # How often the workers trade places (as measured: scripts/cpu_speeds.py's nudge period).
 PERIOD_S = 0.05
-# "swap" (the default: trade places among the CPUs held, then set free) or "rotate" (pinned).
-MODE = "swap"
+# "even" (the default: those behind to the fastest CPUs, where the workers count their
+# samples; else as "swap"), "swap" (trade places among the CPUs held, then set free) or
+# "rotate" (pinned).
+MODE = "even"
+# How much a CPU's speed moves towards each new reading of it (smoothing over looks: a look
+# sees a worker make ten or twenty samples of a few ms, whose costs differ).
+SPEED_WEIGHT = 0.3
 
 
 def should_move(option: bool | None, worker_type: str, num_workers: int) -> bool:
@@ -89,20 +110,45 @@ def numa_nodes(cpus: frozenset[int]) -> dict[int, int]:
     return nodes
 
 
+class Tally:
+    """How many samples each of a loader's process workers has made: a counter a worker, in
+    memory the main process shares with the workers it forks (anonymous shared memory: no file,
+    no descriptor, gone with the last process that maps it). A worker adds to its own
+    (:meth:`slot`); :class:`WorkerMover` reads them all. Forked workers only: the memory cannot
+    travel to a spawned one."""
+
+    def __init__(self, workers: int) -> None:
+        self._memory = mmap.mmap(-1, 8 * max(workers, 1))
+        self.counts = memoryview(self._memory).cast("q")
+
+    def slot(self, worker_id: int) -> tuple[memoryview, int]:
+        """Where worker ``worker_id`` counts: the counts and its index in them."""
+        return self.counts, worker_id
+
+    def __reduce__(self) -> Any:
+        return type(None), ()  # (pickled for a spawned worker: it counts nothing)
+
+
 class WorkerMover:
     """A thread of the main process that moves the workers ``pids()`` names round their CPUs,
     every ``period_s`` while :meth:`resume` has it run (an epoch), until :meth:`pause` or
-    :meth:`close` (see the module docstring). ``moves``: the periods in which workers moved."""
+    :meth:`close` (see the module docstring). ``made()``: the samples each worker (by pid) has
+    made so far (a :class:`Tally`'s counts), which the "even" mode needs. ``moves``: the
+    periods in which workers moved."""
 
     def __init__(
         self,
         pids: Callable[[], list[int]],
         *,
+        made: Callable[[], dict[int, int]] | None = None,
         mode: str | None = None,
         period_s: float | None = None,
     ) -> None:
         self._pids = pids
         self._mode = mode or MODE
+        if self._mode == "even" and made is None:
+            self._mode = "swap"  # (nothing counts the workers' samples)
+        self._evening = _Evening(made or dict)
         self._period_s = period_s or PERIOD_S
         # The CPUs a worker nobody placed runs on: this process's, which a worker inherits.
         self._free = frozenset(os.sched_getaffinity(0))
@@ -131,6 +177,7 @@ class WorkerMover:
         if not self._closed and not self._active:
             self._active = True
             self._delay = self._period_s
+            self._evening.begin()
             self._wake.set()
 
     def pause(self) -> None:
@@ -158,7 +205,10 @@ class WorkerMover:
                 self._wake.clear()
                 continue  # (paused or closed: looked at again above)
             try:
-                busy = self._rotate() if self._mode == "rotate" else self._swap()
+                if self._mode == "rotate":
+                    busy = self._rotate()
+                else:
+                    busy = self._even() if self._mode == "even" else self._swap()
             except Exception:  # (never let placement break loading: it stops instead)
                 self._closed = True
                 break
@@ -176,11 +226,12 @@ class WorkerMover:
         self._placed_elsewhere.add(pid)
         return False
 
-    def _swap(self) -> bool:
-        """Each worker that computed since the last look to the CPU the next such one (of its
-        NUMA node) last ran on, then free; whether any computed (an idle one stays put:
-        moving it would give nothing)."""
-        by_node: dict[int, list[tuple[int, int]]] = {}
+    def _look(self) -> tuple[dict[int, list[tuple[int, int, int]]], dict[int, set[int]]]:
+        """The workers that computed since the last look, by NUMA node: each one's pid, the CPU
+        it last ran on and the clock ticks it computed; and the CPUs the idle ones last ran
+        on, by node (an idle worker stays put: moving it would give nothing)."""
+        busy: dict[int, list[tuple[int, int, int]]] = {}
+        idle: dict[int, set[int]] = {}
         used, self._used = self._used, {}
         for pid in self._pids():
             try:
@@ -189,20 +240,50 @@ class WorkerMover:
                 cpu, self._used[pid] = _stat(pid)
             except (OSError, ValueError, IndexError):  # it has just ended
                 continue
-            if self._used[pid] != used.get(pid, self._used[pid]):
-                by_node.setdefault(self._nodes.get(cpu, 0), []).append((pid, cpu))
+            node = self._nodes.get(cpu, 0)
+            ran = self._used[pid] - used.get(pid, self._used[pid])
+            if ran:
+                busy.setdefault(node, []).append((pid, cpu, ran))
+            else:
+                idle.setdefault(node, set()).add(cpu)
+        return busy, idle
+
+    def _put(self, pid: int, cpu: int) -> bool:
+        """Move worker ``pid`` to ``cpu`` and set it free there; whether it could be."""
+        try:
+            os.sched_setaffinity(pid, {cpu})
+            os.sched_setaffinity(pid, self._free)
+        except OSError:  # (it has just ended)
+            return False
+        return True
+
+    def _swap(self) -> bool:
+        """Each worker that computed since the last look to the CPU the next such one (of its
+        NUMA node) last ran on, then free; whether any computed."""
+        busy, _ = self._look()
         moved = False
-        for placed in by_node.values():
-            cpus = [cpu for _, cpu in placed]
+        for placed in busy.values():
+            cpus = [cpu for _, cpu, _ in placed]
             if len(set(cpus)) < 2:
                 continue
-            for (pid, _), cpu in zip(placed, cpus[1:] + cpus[:1], strict=True):
-                with contextlib.suppress(OSError):  # (it has just ended)
-                    os.sched_setaffinity(pid, {cpu})
-                    os.sched_setaffinity(pid, self._free)
-                    moved = True
+            for (pid, _, _), cpu in zip(placed, cpus[1:] + cpus[:1], strict=True):
+                moved |= self._put(pid, cpu)
         self.moves += moved
-        return bool(by_node)
+        return bool(busy)
+
+    def _even(self) -> bool:
+        """The workers that computed since the last look, those furthest behind in the epoch
+        first, each to the fastest CPU left of its node's (theirs and those the idle workers
+        left), then free; whether any computed (see :class:`_Evening`)."""
+        busy, idle = self._look()
+        evening = self._evening
+        evening.read(busy)
+        moved = False
+        for node, placed in busy.items():
+            for pid, cpu in evening.assign(placed, idle.get(node, set())):
+                moved |= self._put(pid, cpu)
+        self.moves += moved
+        return bool(busy)
 
     def _rotate(self) -> bool:
         """Worker ``i`` pinned to CPU ``i + tick`` of the allowed ones."""
@@ -240,3 +321,79 @@ class _Rotation:
         self.cpus = cpus
         self.pinned: dict[int, int] = {}
         self.tick = 0
+
+
+class _Evening:
+    """``MODE = "even"``'s state: how fast each CPU made samples (smoothed over looks), where
+    each worker was put and what it had made at the last look, and what it had made when the
+    epoch began.
+
+    A CPU's speed is read from a worker that computed the whole time since the last look (its
+    clock ticks say so) and was still on the CPU it was put on: the samples it made over the
+    seconds between the looks. The workers' order: fewest samples made since the epoch began
+    first (torch's round-robin gives each worker an equal share, so fewest made is furthest
+    behind); CPUs of equal (or unknown) speed in an order that turns each look, so that equal
+    workers trade places as in the "swap" mode.
+    """
+
+    __slots__ = ("at", "began", "last", "made", "put", "speeds", "turn")
+
+    TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+    def __init__(self, made: Callable[[], dict[int, int]]) -> None:
+        self.made = made
+        self.speeds: dict[int, float] = {}  # samples a second, by CPU
+        self.began: dict[int, int] = {}  # samples made when the epoch began, by pid
+        self.last: dict[int, int] = {}  # samples made at the last look, by pid
+        self.put: dict[int, int] = {}  # the CPU each worker was put on at the last look
+        self.at = 0.0  # when the last look was
+        self.turn = 0
+
+    def begin(self) -> None:
+        """An epoch begins: its counts start from the next look (speeds are kept)."""
+        self.began.clear()
+        self.last.clear()
+        self.put.clear()
+
+    def read(self, busy: dict[int, list[tuple[int, int, int]]]) -> None:
+        """Take this look's counts; update the speed of each CPU a worker computed on all the
+        while since the last look."""
+        counts, now = self.made(), time.monotonic()
+        span = now - self.at
+        for placed in busy.values():
+            for pid, cpu, ran in placed:
+                before = self.last.get(pid)
+                if before is None or self.put.get(pid) != cpu or ran * self.TICK_S < 0.6 * span:
+                    continue
+                rate = max(0, counts.get(pid, before) - before) / span
+                known = self.speeds.get(cpu)
+                self.speeds[cpu] = rate if known is None else known + SPEED_WEIGHT * (rate - known)
+        for pid, count in counts.items():
+            self.began.setdefault(pid, count)
+        self.last, self.at = counts, now
+        self.turn += 1
+
+    def assign(self, placed: list[tuple[int, int, int]], spare: set[int]) -> list[tuple[int, int]]:
+        """Where the workers ``placed`` (of one node) go: each worker that should move, with
+        its CPU. The CPUs: theirs, then ``spare`` (those idle workers left)."""
+        behind = sorted(range(len(placed)), key=lambda i: (self._made(placed[i][0]), i))
+        cpus = sorted({cpu for _, cpu, _ in placed} | spare)
+        known = sorted(self.speeds[cpu] for cpu in cpus if cpu in self.speeds)
+        neutral = known[len(known) // 2] if known else 0.0
+        turn = self.turn
+        fastest = sorted(
+            range(len(cpus)),
+            key=lambda j: (-self.speeds.get(cpus[j], neutral), (j + turn) % len(cpus)),
+        )
+        moves = []
+        for rank, i in enumerate(behind):
+            pid, cpu, _ = placed[i]
+            to = cpus[fastest[rank]] if rank < len(fastest) else cpu  # (more workers than CPUs)
+            self.put[pid] = to
+            if to != cpu:
+                moves.append((pid, to))
+        return moves
+
+    def _made(self, pid: int) -> int:
+        """Samples worker ``pid`` made since the epoch began."""
+        return self.last.get(pid, 0) - self.began.get(pid, 0)

@@ -113,6 +113,9 @@ class WorkerConfig:
     # Process workers under num_workers="auto": per-sample reads of the worker's own, at most
     # this many at once (0: one after another, as torch).
     read_limit: int = 0
+    # Forked process workers that are moved round the CPUs: where each counts the samples it
+    # makes (placement.Tally), for the mover.
+    tally: Any = None
 
     @classmethod
     def of_plan(cls, plan: EpochPlan, worker_id: int, base_seed: int, **rest: Any) -> WorkerConfig:
@@ -154,6 +157,7 @@ class WorkerConfig:
             self.drop_last,
             skip_as=self.worker_id if self.skip else None,
             reads=self.reads if self.reads is not None else _own_reads(self.read_limit),
+            count=self.tally.slot(self.worker_id) if self.tally is not None else None,
         )
 
 

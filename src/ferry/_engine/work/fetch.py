@@ -139,12 +139,13 @@ class MapFetcher(_TimedFetch):
         collate_fn: Callable[..., Any],
         skip_as: int | None = None,
         reads: SampleReads | AsyncReads | None = None,
+        *,
+        count: tuple[memoryview, int] | None = None,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.skip_as = skip_as
-        self._default = collate_fn is default_collate
         self.gather = one_call_gather(dataset, auto_collation, collate_fn)
         # Per-sample reads, in parallel when they wait (thread workers; see reads.py): only
         # for a dataset read one __getitem__ per key (a __getitems__ decides for itself). An
@@ -152,6 +153,8 @@ class MapFetcher(_TimedFetch):
         per_sample = auto_collation and not callable(getattr(dataset, "__getitems__", None))
         self.reads = reads if per_sample or isinstance(reads, AsyncReads) else None
         self._one = reads.one if isinstance(reads, AsyncReads) else None
+        # Samples counted as they are made (see make_fetcher): one __getitem__ per key only.
+        self._count = count if per_sample and self.reads is None else None
 
     def fetch(self, key: Any) -> Any:
         self._fetched += 1
@@ -184,9 +187,20 @@ class MapFetcher(_TimedFetch):
             return batch
         elif self.reads is not None:
             samples = self.reads.read(self.dataset, _key_list(key))
+        elif self._count is not None:
+            samples = _fetch_counted(self.dataset, key, *self._count)
         else:
             samples = fetch_many(self.dataset, key)
         return self._collate(samples, start)
+
+
+def _fetch_counted(dataset: Any, keys: Any, counts: memoryview, slot: int) -> list[Any]:
+    """One ``__getitem__`` per key, each sample counted in ``counts[slot]`` as it is made."""
+    samples = []
+    for key in keys:
+        samples.append(dataset[key])
+        counts[slot] += 1
+    return samples
 
 
 def _int_keys(key: Any) -> bool:
@@ -410,12 +424,14 @@ def make_fetcher(
     *,
     skip_as: int | None = None,
     reads: SampleReads | AsyncReads | None = None,
+    count: tuple[memoryview, int] | None = None,
 ) -> MapFetcher | IterableFetcher:
     """The fetcher for a dataset; ``skip_as``: the worker id, with ``on_error="skip"``;
     ``reads``: per-sample reads shared by a loader's thread workers, or an async dataset's
-    reads (map-style only)."""
+    reads (map-style only); ``count``: where a process worker counts the samples it makes one
+    by one, for the thread that moves workers round the CPUs (``placement.Tally``)."""
     if iterable:
         return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, skip_as)
     if skip_as is not None:
         return SkippingMapFetcher(dataset, auto_collation, collate_fn, skip_as, reads)
-    return MapFetcher(dataset, auto_collation, collate_fn, reads=reads)
+    return MapFetcher(dataset, auto_collation, collate_fn, reads=reads, count=count)
