@@ -74,10 +74,10 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
     * ``move_workers``: every 50 ms while an epoch runs, the process workers furthest behind
       in it move to the CPUs that made samples fastest (forked workers count their samples;
       without counts they trade CPUs in turn), so that on CPUs of unequal speed (a cloud VM's
-      vCPUs) none stays on the slowest and holds the epoch's end back. ``None`` (default): on where each of 2 or more process workers can have a CPU
-      of its own (Linux, more CPUs than workers); ``True``: also where they outnumber the CPUs;
-      ``False``: the scheduler alone places them, as in torch. Nothing else changes: the same
-      worker makes the same batch.
+      vCPUs) none stays on the slowest and holds the epoch's end back. ``None`` (default): on
+      where each of 2 or more process workers can have a CPU of its own (Linux, more CPUs than
+      workers); ``True``: also where they outnumber the CPUs; ``False``: the scheduler alone
+      places them, as in torch. Nothing else changes: the same worker makes the same batch.
     * ``num_workers="auto"`` / ``prefetch_factor="auto"``: chosen and tuned by the loader.
 
     It also resumes mid-epoch exactly, with the API of torchdata's ``StatefulDataLoader``:
