@@ -5,6 +5,7 @@ epochs, and the thread that moves them ends with the workers."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import threading
@@ -377,14 +378,19 @@ class Batched(Where):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("dataset", "context", "counted"),
-    [(Where(), "fork", True), (Batched(), "fork", False), (Where(), "spawn", None)],
-    ids=["one-by-one", "getitems", "spawn"],
+    [
+        (Where(), "fork", True),
+        (Batched(), "fork", False),
+        (Where(), "spawn", True),
+        (Where(), "forkserver", True),
+    ],
+    ids=["one-by-one", "getitems", "spawn", "forkserver"],
 )
-def test_forked_workers_count_their_samples_for_the_mover(
-    dataset: Any, context: str, counted: bool | None
+def test_workers_count_their_samples_for_the_mover(
+    dataset: Any, context: str, counted: bool
 ) -> None:
-    """Each forked worker counts the samples it makes one by one (``__getitems__``: not
-    counted, the mover trades places as before); a spawned worker cannot share the counts."""
+    """Each worker counts the samples it makes one by one (``__getitems__``: not counted, the
+    mover trades places as before), forked or given the counts' descriptor as it starts."""
     loader = ferry.DataLoader(
         dataset,
         batch_size=4,
@@ -398,11 +404,11 @@ def test_forked_workers_count_their_samples_for_the_mover(
         assert sorted(got[:, 0].tolist()) == list(range(48))
         group = loader._iterator._crew.group
         assert group.mover is not None
-        if counted is None:
-            assert group.tally is None
-            assert group.mover._mode == "swap"
-            continue
         assert group.mover._mode == "even"
         made = {w.worker_id: (got[:, 1] == w.pid).sum().item() for w in group.workers}
         counts = list(group.tally.counts)
         assert counts == ([epoch * made[0], epoch * made[1]] if counted else [0, 0])
+    tally = group.tally
+    del loader, got, group
+    gc.collect()
+    assert not tally._closed or not tally._closed.alive  # (its descriptor went with the workers)

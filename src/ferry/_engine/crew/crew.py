@@ -16,7 +16,6 @@ where each worker stands, and tells the crew what to send.
 
 from __future__ import annotations
 
-import multiprocessing
 import weakref
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
@@ -148,13 +147,11 @@ class Crew(Generic[H]):
 
     def tally(self, plan: EpochPlan) -> Tally | None:
         """Where the workers count the samples they make, for the thread that moves them
-        (forked process workers that are moved: see :class:`~ferry._engine.crew.placement.Tally`);
+        (process workers that are moved: see :class:`~ferry._engine.crew.placement.Tally`);
         made with the crew's first workers."""
         group = self.group
         if group.tally is None and plan.move_workers and self.kind.name == "process":
-            context = plan.multiprocessing_context or multiprocessing.get_context()
-            if context.get_start_method() == "fork":
-                group.tally = Tally(plan.num_workers)
+            group.tally = Tally.new(plan.num_workers)
         return group.tally
 
     def rest(self) -> None:

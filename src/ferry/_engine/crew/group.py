@@ -244,6 +244,8 @@ class WorkerGroup(Generic[H]):
         with _deaf_to_interrupts(exiting):
             if self.mover is not None:
                 self.mover.close()
+            if self.tally is not None:
+                self.tally.close()
             if self.pinner is not None:
                 self.pinner.close()
             deadline = self.stop_workers(self, exiting)

@@ -25,7 +25,7 @@ Where (:func:`should_move`): by default only where each worker can have a CPU of
 the main process; where the workers outnumber the CPUs the scheduler moves them already.
 
 What (:class:`_Evening`, ``MODE = "even"``, the default where the workers count their samples:
-process workers forked, map-style, a sample at a time): trading places evens the workers'
+map-style, a sample at a time): trading places evens the workers'
 speeds out only on average, and the epoch still ends with whichever worker the draw of CPUs
 left behind. So each look also reads how many samples each worker has made (a counter in
 memory the workers share with the main process, :class:`Tally`) and how fast each CPU made them
@@ -33,8 +33,8 @@ memory the workers share with the main process, :class:`Tally`) and how fast eac
 workers furthest behind in the epoch go to the fastest CPUs, the ones ahead to the slowest.
 Those behind catch up; near the end of the epoch the last workers run on the fastest CPUs,
 including those that workers done with their share left free. Without counts (an iterable
-dataset, ``__getitems__``, spawned workers) the order turns each look: the workers trade
-places as above.
+dataset, ``__getitems__``, workers of a system without ``memfd_create`` that are not forked)
+the order turns each look: the workers trade places as above.
 
 ``MODE = "swap"`` trades places only (for measurements). ``MODE = "rotate"`` (for
 measurements; ``scripts/scaling_costs.py --loader ferry-rotate``) pins instead: worker ``i``
@@ -51,7 +51,9 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
+from multiprocessing import reduction
 from pathlib import Path
 from typing import Any
 
@@ -112,21 +114,60 @@ def numa_nodes(cpus: frozenset[int]) -> dict[int, int]:
 
 class Tally:
     """How many samples each of a loader's process workers has made: a counter a worker, in
-    memory the main process shares with the workers it forks (anonymous shared memory: no file,
-    no descriptor, gone with the last process that maps it). A worker adds to its own
-    (:meth:`slot`); :class:`WorkerMover` reads them all. Forked workers only: the memory cannot
-    travel to a spawned one."""
+    memory the main process shares with its workers (:meth:`new`). A worker adds to its own
+    (:meth:`slot`); :class:`WorkerMover` reads them all.
 
-    def __init__(self, workers: int) -> None:
-        self._memory = mmap.mmap(-1, 8 * max(workers, 1))
-        self.counts = memoryview(self._memory).cast("q")
+    The memory is a ``memfd`` (no name, nothing in /dev/shm, gone with the last process that
+    maps it): a forked worker inherits the mapping, and a spawned (or forkserver) one is given
+    the descriptor as it starts, as multiprocessing passes descriptors (pickled during the
+    start), and maps it. The main process closes its descriptor when the workers stop
+    (:meth:`close`); the mapping stays while the workers run. Without ``memfd_create``
+    (not Linux), anonymous shared memory, for forked workers only (a spawned one gets None).
+    """
+
+    def __init__(self, memory: mmap.mmap, fd: int = -1) -> None:
+        self._size = len(memory)
+        self.counts = memoryview(memory).cast("q")
+        self._fd = fd
+        self._closed = weakref.finalize(self, os.close, fd) if fd >= 0 else None
+
+    @classmethod
+    def new(cls, workers: int) -> Tally:
+        """Counters for ``workers`` workers, all 0."""
+        size = 8 * max(workers, 1)
+        if not hasattr(os, "memfd_create"):
+            return cls(mmap.mmap(-1, size))
+        fd = os.memfd_create("ferry-tally", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            memory = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(memory, fd)
 
     def slot(self, worker_id: int) -> tuple[memoryview, int]:
         """Where worker ``worker_id`` counts: the counts and its index in them."""
         return self.counts, worker_id
 
+    def close(self) -> None:
+        """No more workers will start: the descriptor is closed (the counts stay mapped)."""
+        if self._closed is not None:
+            self._closed()
+
     def __reduce__(self) -> Any:
-        return type(None), ()  # (pickled for a spawned worker: it counts nothing)
+        if self._closed is None or not self._closed.alive:
+            return type(None), ()  # (no descriptor to give: the worker counts nothing)
+        return _attach, (reduction.DupFd(self._fd), self._size)
+
+
+def _attach(fd: Any, size: int) -> Tally:
+    """In a spawned worker: the tally whose descriptor ``fd`` the main process passed."""
+    own = fd.detach()
+    try:
+        return Tally(mmap.mmap(own, size))
+    finally:
+        os.close(own)
 
 
 class WorkerMover:
