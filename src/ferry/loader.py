@@ -72,7 +72,7 @@ class DataLoader(TorchTwin, TorchDataLoader[T_co], twin=TorchDataLoader):
       more of the epoch; the order of batches is unchanged, but which worker makes a batch
       then depends on timing (see docs/design/scaling.md). Map-style datasets, with workers.
     * ``move_workers``: every 50 ms while an epoch runs, the process workers furthest behind
-      in it move to the CPUs that made samples fastest (forked workers count their samples;
+      in it move to the CPUs that made samples fastest (the workers count their samples;
       without counts they trade CPUs in turn), so that on CPUs of unequal speed (a cloud VM's
       vCPUs) none stays on the slowest and holds the epoch's end back. ``None`` (default): on
       where each of 2 or more process workers can have a CPU of its own (Linux, more CPUs than
