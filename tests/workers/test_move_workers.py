@@ -321,6 +321,15 @@ def test_the_workers_furthest_behind_go_to_the_fastest_cpus() -> None:
     assert evening.put == {10: 1, 11: 2, 12: 0}  # (where each was put: read at the next look)
 
 
+def test_behind_is_what_was_asked_of_a_worker_and_not_made_yet() -> None:
+    """Batches of different sizes (a sampler that buckets by length): the worker that made the
+    most samples may still owe the most, and it is the one the epoch waits for."""
+    evening = _evening({10: 30, 11: 10}, {0: 100.0, 1: 50.0})
+    evening.sent = lambda: {10: 90, 11: 20}
+    evening.owed = evening.sent()
+    assert dict(evening.assign([(10, 1, 5), (11, 0, 5)], set())) == {10: 0, 11: 1}
+
+
 def test_cpus_idle_workers_left_are_given_to_those_still_at_work() -> None:
     """The end of an epoch: the workers done with their share left their CPUs free; the last
     one at work goes to the fastest CPU there is, not only among the busy ones'."""
@@ -408,6 +417,7 @@ def test_workers_count_their_samples_for_the_mover(
         made = {w.worker_id: (got[:, 1] == w.pid).sum().item() for w in group.workers}
         counts = list(group.tally.counts)
         assert counts == ([epoch * made[0], epoch * made[1]] if counted else [0, 0])
+        assert group.tally.sent == [made[0], made[1]]  # (asked of each this epoch)
     tally = group.tally
     del loader, got, group
     gc.collect()

@@ -88,6 +88,8 @@ class Crew(Generic[H]):
     def send(self, worker_id: int, task: int, key: Any) -> None:
         """Ask worker ``worker_id`` for batch ``task`` from ``key`` (WorkerGone: it is gone)."""
         self.channel.send_task(self.group.workers[worker_id], task, key)
+        if self.group.tally is not None:
+            self.group.tally.asked(worker_id, key)
 
     def receive(
         self, wait_for: float, in_flight: Sequence[int]
@@ -99,6 +101,8 @@ class Crew(Generic[H]):
         """A new epoch begins (persistent workers): each worker is told, and will say again
         what its states are if the crew replays. The workers found gone are returned."""
         gone = []
+        if self.group.tally is not None:
+            self.group.tally.new_epoch()
         for worker in list(self.group.workers):
             try:
                 worker.ready = not self.replays
@@ -133,15 +137,19 @@ class Crew(Generic[H]):
             return
         if group.mover is None:
             workers, tally = group.workers, group.tally
-            made = None
+            made = sent = None
             if tally is not None:
                 counts = tally.counts
 
                 def made() -> dict[int, int]:
                     return {w.pid: counts[w.worker_id] for w in list(workers) if w.pid is not None}
 
+                def sent() -> dict[int, int]:
+                    owed = tally.sent
+                    return {w.pid: owed[w.worker_id] for w in list(workers) if w.pid is not None}
+
             group.mover = WorkerMover(
-                lambda: [w.pid for w in list(workers) if w.pid is not None], made=made
+                lambda: [w.pid for w in list(workers) if w.pid is not None], made=made, sent=sent
             )
         group.mover.resume()
 

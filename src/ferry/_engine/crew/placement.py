@@ -57,6 +57,8 @@ from multiprocessing import reduction
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ferry._core.memory import proc_stat
 from ferry._validate import available_cpus
 
@@ -128,6 +130,8 @@ class Tally:
     def __init__(self, memory: mmap.mmap, fd: int = -1) -> None:
         self._size = len(memory)
         self.counts = memoryview(memory).cast("q")
+        # Samples sent to each worker this epoch, in the main process (see WorkerMover).
+        self.sent = [0] * len(self.counts)
         self._fd = fd
         self._closed = weakref.finalize(self, os.close, fd) if fd >= 0 else None
 
@@ -149,6 +153,14 @@ class Tally:
     def slot(self, worker_id: int) -> tuple[memoryview, int]:
         """Where worker ``worker_id`` counts: the counts and its index in them."""
         return self.counts, worker_id
+
+    def asked(self, worker_id: int, key: Any) -> None:
+        """Worker ``worker_id`` was sent ``key``: its samples are owed (main process only)."""
+        self.sent[worker_id] += len(key) if isinstance(key, (list, tuple, torch.Tensor)) else 1
+
+    def new_epoch(self) -> None:
+        """An epoch begins: nothing is owed yet."""
+        self.sent = [0] * len(self.sent)
 
     def close(self) -> None:
         """No more workers will start: the descriptor is closed (the counts stay mapped)."""
@@ -174,7 +186,8 @@ class WorkerMover:
     """A thread of the main process that moves the workers ``pids()`` names round their CPUs,
     every ``period_s`` while :meth:`resume` has it run (an epoch), until :meth:`pause` or
     :meth:`close` (see the module docstring). ``made()``: the samples each worker (by pid) has
-    made so far (a :class:`Tally`'s counts), which the "even" mode needs. ``moves``: the
+    made so far (a :class:`Tally`'s counts), which the "even" mode needs; ``sent()``: the
+    samples each was asked for since the epoch began (None: equal shares). ``moves``: the
     periods in which workers moved."""
 
     def __init__(
@@ -182,6 +195,7 @@ class WorkerMover:
         pids: Callable[[], list[int]],
         *,
         made: Callable[[], dict[int, int]] | None = None,
+        sent: Callable[[], dict[int, int]] | None = None,
         mode: str | None = None,
         period_s: float | None = None,
     ) -> None:
@@ -189,7 +203,7 @@ class WorkerMover:
         self._mode = mode or MODE
         if self._mode == "even" and made is None:
             self._mode = "swap"  # (nothing counts the workers' samples)
-        self._evening = _Evening(made or dict)
+        self._evening = _Evening(made or dict, sent)
         self._period_s = period_s or PERIOD_S
         # The CPUs a worker nobody placed runs on: this process's, which a worker inherits.
         self._free = frozenset(os.sched_getaffinity(0))
@@ -371,18 +385,22 @@ class _Evening:
 
     A CPU's speed is read from a worker that computed the whole time since the last look (its
     clock ticks say so) and was still on the CPU it was put on: the samples it made over the
-    seconds between the looks. The workers' order: fewest samples made since the epoch began
-    first (torch's round-robin gives each worker an equal share, so fewest made is furthest
-    behind); CPUs of equal (or unknown) speed in an order that turns each look, so that equal
-    workers trade places as in the "swap" mode.
+    seconds between the looks. The workers' order: furthest behind first, the most samples
+    asked of it this epoch and not made yet (without ``sent``, the fewest made since the epoch
+    began: torch's round-robin gives each worker an equal share); CPUs of equal (or unknown)
+    speed in an order that turns each look, so that equal workers trade places as in the
+    "swap" mode.
     """
 
-    __slots__ = ("at", "began", "last", "made", "put", "speeds", "turn")
+    __slots__ = ("at", "began", "last", "made", "owed", "put", "sent", "speeds", "turn")
 
     TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
-    def __init__(self, made: Callable[[], dict[int, int]]) -> None:
-        self.made = made
+    def __init__(
+        self, made: Callable[[], dict[int, int]], sent: Callable[[], dict[int, int]] | None = None
+    ) -> None:
+        self.made, self.sent = made, sent
+        self.owed: dict[int, int] = {}  # samples asked of each worker this epoch, by pid
         self.speeds: dict[int, float] = {}  # samples a second, by CPU
         self.began: dict[int, int] = {}  # samples made when the epoch began, by pid
         self.last: dict[int, int] = {}  # samples made at the last look, by pid
@@ -412,12 +430,13 @@ class _Evening:
         for pid, count in counts.items():
             self.began.setdefault(pid, count)
         self.last, self.at = counts, now
+        self.owed = self.sent() if self.sent is not None else {}
         self.turn += 1
 
     def assign(self, placed: list[tuple[int, int, int]], spare: set[int]) -> list[tuple[int, int]]:
         """Where the workers ``placed`` (of one node) go: each worker that should move, with
         its CPU. The CPUs: theirs, then ``spare`` (those idle workers left)."""
-        behind = sorted(range(len(placed)), key=lambda i: (self._made(placed[i][0]), i))
+        behind = sorted(range(len(placed)), key=lambda i: (self._ahead(placed[i][0]), i))
         cpus = sorted({cpu for _, cpu, _ in placed} | spare)
         known = sorted(self.speeds[cpu] for cpu in cpus if cpu in self.speeds)
         neutral = known[len(known) // 2] if known else 0.0
@@ -438,3 +457,7 @@ class _Evening:
     def _made(self, pid: int) -> int:
         """Samples worker ``pid`` made since the epoch began."""
         return self.last.get(pid, 0) - self.began.get(pid, 0)
+
+    def _ahead(self, pid: int) -> int:
+        """How far ahead worker ``pid`` is: samples made this epoch less those asked of it."""
+        return self._made(pid) - self.owed.get(pid, 0)
