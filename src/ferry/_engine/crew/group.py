@@ -225,7 +225,7 @@ class WorkerGroup(Generic[H]):
         self.pinner: Pinner | None = None
         # move_workers: the thread that moves process workers round their CPUs (placement.py).
         self.mover: WorkerMover | None = None
-        # ... and where its forked process workers count the samples they make, for the mover.
+        # ... and where its process workers count the samples they make, for the mover.
         self.tally: Tally | None = None
         # Thread workers of a map-style dataset: their shared per-sample reads (reads.py); an
         # async dataset's workers: its reads on an event loop (aio.py).

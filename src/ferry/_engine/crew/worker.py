@@ -113,8 +113,8 @@ class WorkerConfig:
     # Process workers under num_workers="auto": per-sample reads of the worker's own, at most
     # this many at once (0: one after another, as torch).
     read_limit: int = 0
-    # Forked process workers that are moved round the CPUs: where each counts the samples it
-    # makes (placement.Tally), for the mover.
+    # Process workers that are moved round the CPUs: where each counts the samples it makes
+    # (placement.Tally), for the mover.
     tally: Any = None
 
     @classmethod
