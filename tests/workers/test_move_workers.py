@@ -330,6 +330,28 @@ def test_behind_is_what_was_asked_of_a_worker_and_not_made_yet() -> None:
     assert dict(evening.assign([(10, 1, 5), (11, 0, 5)], set())) == {10: 0, 11: 1}
 
 
+@pytest.mark.parametrize(
+    ("key", "samples"),
+    [
+        ([3, 1, 2], 3),
+        (torch.arange(4), 4),
+        (torch.tensor(5), 1),  # (a key of its own, batch_size=None: a 0-d tensor has no len)
+        (7, 1),
+        ("a-key", 1),
+        (None, 1),
+    ],
+)
+def test_what_a_worker_is_asked_for_is_counted_in_samples(key: Any, samples: int) -> None:
+    tally = placement.Tally.new(2)
+    try:
+        tally.asked(1, key)
+        assert tally.sent == [0, samples]
+        tally.new_epoch()
+        assert tally.sent == [0, 0]
+    finally:
+        tally.close()
+
+
 def test_cpus_idle_workers_left_are_given_to_those_still_at_work() -> None:
     """The end of an epoch: the workers done with their share left their CPUs free; the last
     one at work goes to the fastest CPU there is, not only among the busy ones'."""

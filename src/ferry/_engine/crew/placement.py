@@ -57,8 +57,6 @@ from multiprocessing import reduction
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ferry._core.memory import proc_stat
 from ferry._validate import available_cpus
 
@@ -156,7 +154,7 @@ class Tally:
 
     def asked(self, worker_id: int, key: Any) -> None:
         """Worker ``worker_id`` was sent ``key``: its samples are owed (main process only)."""
-        self.sent[worker_id] += len(key) if isinstance(key, (list, tuple, torch.Tensor)) else 1
+        self.sent[worker_id] += _samples_in(key)
 
     def new_epoch(self) -> None:
         """An epoch begins: nothing is owed yet."""
@@ -171,6 +169,17 @@ class Tally:
         if self._closed is None or not self._closed.alive:
             return type(None), ()  # (no descriptor to give: the worker counts nothing)
         return _attach, (reduction.DupFd(self._fd), self._size)
+
+
+def _samples_in(key: Any) -> int:
+    """How many samples a batch's key asks for: its length (indices of a batch), else 1 (a
+    key of its own with ``batch_size=None``: an int, a 0-d tensor, a string)."""
+    if isinstance(key, (str, bytes)):
+        return 1
+    try:
+        return len(key)
+    except TypeError:
+        return 1
 
 
 def _attach(fd: Any, size: int) -> Tally:
