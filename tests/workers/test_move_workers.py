@@ -307,7 +307,7 @@ def test_the_option_is_kept_as_an_attribute() -> None:
 def _evening(made: dict[int, int], speeds: dict[int, float]) -> placement._Evening:
     """An evening whose workers (by pid) made ``made`` samples this epoch, on CPUs of
     ``speeds``."""
-    evening = placement._Evening(lambda: made)
+    evening = placement._Evening(lambda: {pid: (count, 0) for pid, count in made.items()})
     evening.began = dict.fromkeys(made, 0)
     evening.last = dict(made)
     evening.speeds = dict(speeds)
@@ -325,8 +325,7 @@ def test_behind_is_what_was_asked_of_a_worker_and_not_made_yet() -> None:
     """Batches of different sizes (a sampler that buckets by length): the worker that made the
     most samples may still owe the most, and it is the one the epoch waits for."""
     evening = _evening({10: 30, 11: 10}, {0: 100.0, 1: 50.0})
-    evening.sent = lambda: {10: 90, 11: 20}
-    evening.owed = evening.sent()
+    evening.owed = {10: 90, 11: 20}
     assert dict(evening.assign([(10, 1, 5), (11, 0, 5)], set())) == {10: 0, 11: 1}
 
 
@@ -378,7 +377,7 @@ def test_without_counts_or_speeds_the_workers_still_trade_places() -> None:
 
 def test_a_cpus_speed_is_read_from_a_worker_that_stayed_on_it_all_the_while() -> None:
     counts = {10: 100, 11: 100, 12: 100}
-    evening = placement._Evening(lambda: dict(counts))
+    evening = placement._Evening(lambda: {pid: (count, 0) for pid, count in counts.items()})
     evening.begin()
     evening.read({})  # (the epoch's first look: counts start here)
     evening.put = {10: 0, 11: 1, 12: 2}

@@ -137,19 +137,19 @@ class Crew(Generic[H]):
             return
         if group.mover is None:
             workers, tally = group.workers, group.tally
-            made = sent = None
+            progress = None
             if tally is not None:
-                counts = tally.counts
 
-                def made() -> dict[int, int]:
-                    return {w.pid: counts[w.worker_id] for w in list(workers) if w.pid is not None}
-
-                def sent() -> dict[int, int]:
-                    owed = tally.sent
-                    return {w.pid: owed[w.worker_id] for w in list(workers) if w.pid is not None}
+                def progress() -> dict[int, tuple[int, int]]:
+                    made, asked = tally.counts, tally.sent
+                    return {
+                        w.pid: (made[w.worker_id], asked[w.worker_id])
+                        for w in list(workers)
+                        if w.pid is not None
+                    }
 
             group.mover = WorkerMover(
-                lambda: [w.pid for w in list(workers) if w.pid is not None], made=made, sent=sent
+                lambda: [w.pid for w in list(workers) if w.pid is not None], progress=progress
             )
         group.mover.resume()
 

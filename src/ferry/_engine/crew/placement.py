@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from ferry._core.memory import proc_stat
+from ferry._engine.transport.messages import key_length
 from ferry._validate import available_cpus
 
 __all__ = ["MODE", "PERIOD_S", "Tally", "WorkerMover", "should_move"]
@@ -115,7 +116,7 @@ def numa_nodes(cpus: frozenset[int]) -> dict[int, int]:
 class Tally:
     """How many samples each of a loader's process workers has made: a counter a worker, in
     memory the main process shares with its workers (:meth:`new`). A worker adds to its own
-    (:meth:`slot`); :class:`WorkerMover` reads them all.
+    (``counts[worker_id]``); :class:`WorkerMover` reads them all.
 
     The memory is a ``memfd`` (no name, nothing in /dev/shm, gone with the last process that
     maps it): a forked worker inherits the mapping, and a spawned (or forkserver) one is given
@@ -148,13 +149,9 @@ class Tally:
             raise
         return cls(memory, fd)
 
-    def slot(self, worker_id: int) -> tuple[memoryview, int]:
-        """Where worker ``worker_id`` counts: the counts and its index in them."""
-        return self.counts, worker_id
-
     def asked(self, worker_id: int, key: Any) -> None:
         """Worker ``worker_id`` was sent ``key``: its samples are owed (main process only)."""
-        self.sent[worker_id] += _samples_in(key)
+        self.sent[worker_id] += key_length(key)
 
     def new_epoch(self) -> None:
         """An epoch begins: nothing is owed yet."""
@@ -171,17 +168,6 @@ class Tally:
         return _attach, (reduction.DupFd(self._fd), self._size)
 
 
-def _samples_in(key: Any) -> int:
-    """How many samples a batch's key asks for: its length (indices of a batch), else 1 (a
-    key of its own with ``batch_size=None``: an int, a 0-d tensor, a string)."""
-    if isinstance(key, (str, bytes)):
-        return 1
-    try:
-        return len(key)
-    except TypeError:
-        return 1
-
-
 def _attach(fd: Any, size: int) -> Tally:
     """In a spawned worker: the tally whose descriptor ``fd`` the main process passed."""
     own = fd.detach()
@@ -194,25 +180,24 @@ def _attach(fd: Any, size: int) -> Tally:
 class WorkerMover:
     """A thread of the main process that moves the workers ``pids()`` names round their CPUs,
     every ``period_s`` while :meth:`resume` has it run (an epoch), until :meth:`pause` or
-    :meth:`close` (see the module docstring). ``made()``: the samples each worker (by pid) has
-    made so far (a :class:`Tally`'s counts), which the "even" mode needs; ``sent()``: the
-    samples each was asked for since the epoch began (None: equal shares). ``moves``: the
+    :meth:`close` (see the module docstring). ``progress()``: by pid, the samples each worker
+    has made so far and those it was asked for since the epoch began (a :class:`Tally`'s),
+    which the "even" mode needs. ``moves``: the
     periods in which workers moved."""
 
     def __init__(
         self,
         pids: Callable[[], list[int]],
         *,
-        made: Callable[[], dict[int, int]] | None = None,
-        sent: Callable[[], dict[int, int]] | None = None,
+        progress: Callable[[], dict[int, tuple[int, int]]] | None = None,
         mode: str | None = None,
         period_s: float | None = None,
     ) -> None:
         self._pids = pids
         self._mode = mode or MODE
-        if self._mode == "even" and made is None:
+        if self._mode == "even" and progress is None:
             self._mode = "swap"  # (nothing counts the workers' samples)
-        self._evening = _Evening(made or dict, sent)
+        self._evening = _Evening(progress or dict)
         self._period_s = period_s or PERIOD_S
         # The CPUs a worker nobody placed runs on: this process's, which a worker inherits.
         self._free = frozenset(os.sched_getaffinity(0))
@@ -395,20 +380,18 @@ class _Evening:
     A CPU's speed is read from a worker that computed the whole time since the last look (its
     clock ticks say so) and was still on the CPU it was put on: the samples it made over the
     seconds between the looks. The workers' order: furthest behind first, the most samples
-    asked of it this epoch and not made yet (without ``sent``, the fewest made since the epoch
-    began: torch's round-robin gives each worker an equal share); CPUs of equal (or unknown)
+    asked of it this epoch and not made yet (with equal shares, torch's round-robin's, the
+    fewest made since the epoch began); CPUs of equal (or unknown)
     speed in an order that turns each look, so that equal workers trade places as in the
     "swap" mode.
     """
 
-    __slots__ = ("at", "began", "last", "made", "owed", "put", "sent", "speeds", "turn")
+    __slots__ = ("at", "began", "last", "owed", "progress", "put", "speeds", "turn")
 
     TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
-    def __init__(
-        self, made: Callable[[], dict[int, int]], sent: Callable[[], dict[int, int]] | None = None
-    ) -> None:
-        self.made, self.sent = made, sent
+    def __init__(self, progress: Callable[[], dict[int, tuple[int, int]]]) -> None:
+        self.progress = progress
         self.owed: dict[int, int] = {}  # samples asked of each worker this epoch, by pid
         self.speeds: dict[int, float] = {}  # samples a second, by CPU
         self.began: dict[int, int] = {}  # samples made when the epoch began, by pid
@@ -426,7 +409,8 @@ class _Evening:
     def read(self, busy: dict[int, list[tuple[int, int, int]]]) -> None:
         """Take this look's counts; update the speed of each CPU a worker computed on all the
         while since the last look."""
-        counts, now = self.made(), time.monotonic()
+        progress, now = self.progress(), time.monotonic()
+        counts = {pid: made for pid, (made, _) in progress.items()}
         span = now - self.at
         for placed in busy.values():
             for pid, cpu, ran in placed:
@@ -439,7 +423,7 @@ class _Evening:
         for pid, count in counts.items():
             self.began.setdefault(pid, count)
         self.last, self.at = counts, now
-        self.owed = self.sent() if self.sent is not None else {}
+        self.owed = {pid: asked for pid, (_, asked) in progress.items()}
         self.turn += 1
 
     def assign(self, placed: list[tuple[int, int, int]], spare: set[int]) -> list[tuple[int, int]]:

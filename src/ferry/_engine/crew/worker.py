@@ -157,7 +157,7 @@ class WorkerConfig:
             self.drop_last,
             skip_as=self.worker_id if self.skip else None,
             reads=self.reads if self.reads is not None else _own_reads(self.read_limit),
-            count=self.tally.slot(self.worker_id) if self.tally is not None else None,
+            count=(self.tally.counts, self.worker_id) if self.tally is not None else None,
         )
 
 

@@ -64,7 +64,19 @@ __all__ = [
     "Stack",
     "StackRequest",
     "Stop",
+    "key_length",
 ]
+
+
+def key_length(key: Any) -> int:
+    """How many samples a batch's key names: its length (a batch's indices), else 1 (a key of
+    its own with ``batch_size=None``: an int, a 0-d tensor, a string), and at least 1."""
+    if isinstance(key, (str, bytes)):
+        return 1
+    try:
+        return max(len(key), 1)
+    except TypeError:
+        return 1
 
 
 @dataclass(frozen=True)

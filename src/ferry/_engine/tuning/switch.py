@@ -58,7 +58,7 @@ from ferry._engine.plan import EpochPlan
 from ferry._engine.position.counted import snapshots_itself
 from ferry._engine.position.track import EpochTrack
 from ferry._engine.schedule import Scheduler
-from ferry._engine.transport.messages import Done
+from ferry._engine.transport.messages import Done, key_length
 from ferry._engine.work.aio import is_async_dataset
 from ferry._engine.work.fetch import JUDGED_READS
 from ferry._engine.work.reads import PARALLEL_FROM, SampleReads
@@ -187,7 +187,7 @@ class ThreadSwitch:
             if done.reads[2]:  # (none: the batch's one read was its worker's first, not judged)
                 self.why = self.judge.add(*done.reads, at_once=True)
         elif done.cpu >= 0:
-            self.why = self.judge.add(done.timing.made_s, done.cpu, _key_length(key))
+            self.why = self.judge.add(done.timing.made_s, done.cpu, key_length(key))
 
     def take(self) -> str:
         """The reason, once: the move is being made (and is made once)."""
@@ -373,11 +373,3 @@ def read_side_by_side(paths: list[str]) -> list[int]:
     for helper in helpers:
         helper.join()
     return found
-
-
-def _key_length(key: Any) -> int:
-    """How many samples a batch key names (1 for a single key)."""
-    try:
-        return max(len(key), 1)
-    except TypeError:
-        return 1
